@@ -1,0 +1,35 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   - create .venv, install everything, run the demo on CPU
+#   make test   - create .venv, install everything, run the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# CPU torch: this wheel is on the CPU machines' disk; never let pip pick a CUDA build here.
+TORCH_CPU ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-thorough bench clean
+
+$(STAMP): pyproject.toml Makefile
+	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+	  echo "GPU torch found: reusing it"; $(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH_CPU)"; \
+	fi
+	$(PY) -m pip install -q -e ".[test,real]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m taco_triton.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-thorough: $(STAMP)
+	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/kernels.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

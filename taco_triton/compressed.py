@@ -1,0 +1,132 @@
+"""`Compressed`: a compressed tensor, and its self-describing byte form for storage/transport."""
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import NamedTuple
+
+import torch
+
+from .config import CODECS, ROUNDINGS, SCALE_MODES, SUPERBLOCK_ELEMS, CompressionConfig
+from .layout import WireLayout
+
+_MAGIC = b"TACO"
+_VERSION = 1
+# magic, version, codec, group_size, hadamard, scales, rounding, seed, dtype, superblock, ndim
+_FIXED = struct.Struct("<4sBBHBBBIBIB")
+_DIM = struct.Struct("<q")
+_LEN = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+_MAX_NDIM = 16
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class Compressed(NamedTuple):
+    """A compressed tensor.
+
+    Attributes:
+        data: 1-D contiguous uint8 tensor on the input's device: exactly the bytes sent on the wire
+            (layout in `taco_triton.layout`).
+        shape: shape of the original tensor.
+        dtype: dtype of the original tensor (decompress returns this dtype).
+        config: the `CompressionConfig` it was compressed with.
+    """
+
+    data: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+    config: CompressionConfig
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the wire (codes and all scales)."""
+        return self.data.numel()
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def ratio(self) -> float:
+        """Compression ratio against the same tensor sent as bf16 (2 bytes per element)."""
+        return 2 * self.numel / self.nbytes if self.nbytes else float("nan")
+
+    def to_bytes(self) -> bytes:
+        """Self-describing bytes: header (format, config, dtype, shape), payload and a CRC32."""
+        c = self.config
+        head = _FIXED.pack(
+            _MAGIC, _VERSION, CODECS.index(c.codec), c.group_size, int(c.hadamard),
+            SCALE_MODES.index(c.scales), ROUNDINGS.index(c.rounding), c.seed,
+            _DTYPES.index(self.dtype), SUPERBLOCK_ELEMS, len(self.shape),
+        )
+        head += b"".join(_DIM.pack(d) for d in self.shape) + _LEN.pack(self.nbytes)
+        body = head + self.data.cpu().numpy().tobytes()
+        return body + _CRC.pack(zlib.crc32(body))
+
+    @classmethod
+    def from_bytes(cls, blob, device=None) -> "Compressed":
+        """Parse `to_bytes` output. Raises ValueError on truncated, corrupted or foreign bytes."""
+        mv = memoryview(blob).cast("B")
+        n = len(mv)
+        if n < _FIXED.size:
+            raise ValueError(f"truncated taco_triton buffer: {n} bytes, header needs {_FIXED.size}")
+        magic, version, codec, g, had, scales, rnd, seed, dt, sb, ndim = _FIXED.unpack_from(mv, 0)
+        if magic != _MAGIC:
+            raise ValueError(f"not a taco_triton buffer: magic {bytes(magic)!r}, expected {_MAGIC!r}")
+        if version != _VERSION:
+            raise ValueError(f"unsupported taco_triton format version {version} (this build reads {_VERSION})")
+        if ndim > _MAX_NDIM:
+            raise ValueError(f"corrupt header: ndim={ndim} > {_MAX_NDIM}")
+        head_len = _FIXED.size + ndim * _DIM.size + _LEN.size
+        if n < head_len + _CRC.size:
+            raise ValueError(f"truncated taco_triton buffer: {n} bytes, header needs {head_len + _CRC.size}")
+        (payload_len,) = _LEN.unpack_from(mv, head_len - _LEN.size)
+        if n != head_len + payload_len + _CRC.size:
+            raise ValueError(
+                f"truncated or padded taco_triton buffer: {n} bytes, header says "
+                f"{head_len + payload_len + _CRC.size}"
+            )
+        (crc,) = _CRC.unpack_from(mv, n - _CRC.size)
+        if zlib.crc32(mv[: n - _CRC.size]) != crc:
+            raise ValueError("taco_triton buffer failed its CRC32 check: the bytes are corrupted")
+        shape = tuple(_DIM.unpack_from(mv, _FIXED.size + i * _DIM.size)[0] for i in range(ndim))
+        try:
+            if sb != SUPERBLOCK_ELEMS:
+                raise ValueError(f"super-block of {sb} elements (this build uses {SUPERBLOCK_ELEMS})")
+            if min(shape, default=0) < 0 or had > 1 or dt >= len(_DTYPES):
+                raise ValueError(f"shape {shape}, hadamard {had}, dtype id {dt}")
+            config = CompressionConfig(CODECS[codec], g, bool(had), SCALE_MODES[scales], ROUNDINGS[rnd], seed)
+        except (IndexError, ValueError) as e:
+            raise ValueError(f"corrupt taco_triton header: {e}") from None
+        numel = 1
+        for d in shape:
+            numel *= d
+        expected = WireLayout.of(numel, config).nbytes
+        if payload_len != expected:
+            raise ValueError(f"corrupt taco_triton header: payload {payload_len} bytes, shape {shape} needs {expected}")
+        data = torch.frombuffer(bytearray(mv[head_len : head_len + payload_len]), dtype=torch.uint8)
+        out = cls(data, torch.Size(shape), _DTYPES[dt], config)
+        out.validate()
+        return out.to(device) if device is not None else out
+
+    def to(self, device) -> "Compressed":
+        return self._replace(data=self.data.to(device))
+
+    def validate(self) -> None:
+        """Check the scales are ones compress can produce; raises ValueError otherwise."""
+        layout = WireLayout.of(self.numel, self.config)
+        _, a, b = layout.split(self.data)
+        if self.config.scales == "dual":
+            bad_sb = ~(torch.isfinite(a) & (a >= 0))
+            bad_g = (b > 240) & (b != 255)
+        else:
+            bad_sb = ~(torch.isfinite(a) & (a > 0))
+            bad_g = ~((b >= 0) | b.isnan())
+        if bool(bad_sb.any()) or bool(bad_g.any()):
+            raise ValueError(
+                f"invalid scales in taco_triton buffer: {int(bad_sb.sum())} bad FP32 scales, "
+                f"{int(bad_g.sum())} bad group scales"
+            )

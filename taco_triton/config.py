@@ -1,0 +1,136 @@
+"""Compression configuration and the constants of each code format.
+
+`CompressionConfig` is what users pass around; `CodecSpec` holds the numeric facts of a code
+format (largest code, mantissa bits, smallest normal exponent) that the reference, the Triton
+kernels and the error bounds in the tests all read from one place.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+CODECS = ("fp8_e4m3", "fp8_e5m2", "int8")
+GROUP_SIZES = (32, 64, 128, 256, 512)
+SCALE_MODES = ("dual", "taco_fp32x2")
+ROUNDINGS = ("nearest", "stochastic")
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+#: Elements per super-block in the "dual" layout: one FP32 scale per super-block, one 8-bit
+#: scale per group. A super-block is also the work unit of one kernel program, which is what lets
+#: compression run in a single pass over the input (no separate tensor-wide amax pass).
+SUPERBLOCK_ELEMS = 4096
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """Numeric facts of one 8-bit code format.
+
+    Attributes:
+        name: codec name as used in `CompressionConfig.codec`.
+        code_max: largest finite code magnitude (448 for E4M3, 57344 for E5M2, 127 for INT8).
+        mbits: explicit mantissa bits (0 for int8, where codes are plain integers).
+        emin: exponent of the smallest normal (floating codecs only).
+        torch_dtype: the torch dtype whose round-to-nearest-even cast the codes must equal.
+        is_float: floating-point (FP8) or integer codes.
+    """
+
+    name: str
+    code_max: float
+    mbits: int
+    emin: int
+    torch_dtype: torch.dtype
+    is_float: bool
+
+    def half_ulp(self, v: torch.Tensor) -> torch.Tensor:
+        """Half the spacing of the code grid at magnitude |v| (v in code units, float64 result).
+
+        This is the worst-case round-to-nearest error of one code, the basis of every error bound.
+        """
+        v = v.abs().double()
+        if not self.is_float:
+            return torch.full_like(v, 0.5)
+        e = torch.floor(torch.log2(v.clamp_min(2.0**self.emin)))
+        return torch.exp2(e - self.mbits - 1)
+
+
+CODEC_SPECS = {
+    "fp8_e4m3": CodecSpec("fp8_e4m3", 448.0, 3, -6, torch.float8_e4m3fn, True),
+    "fp8_e5m2": CodecSpec("fp8_e5m2", 57344.0, 2, -14, torch.float8_e5m2, True),
+    "int8": CodecSpec("int8", 127.0, 0, 0, torch.int8, False),
+}
+
+
+def _check_choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"CompressionConfig.{field}={value!r} is not supported; allowed: {list(allowed)}")
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """How a tensor is compressed. Frozen and hashable, so it can key caches and plans.
+
+    Args:
+        codec: "fp8_e4m3" (default, TACO's choice), "fp8_e5m2" or "int8" (symmetric).
+        group_size: elements per quantization group G: 32, 64, 128 (default), 256 or 512.
+            Groups are contiguous runs of the flattened tensor (for a row-major [tokens, hidden]
+            tensor: G consecutive hidden values of one token).
+        hadamard: apply a normalised block Walsh-Hadamard transform of size G before quantizing.
+        scales: "dual" (default): one FP32 scale per super-block of 4096 elements times one
+            8-bit (unsigned E4M4) scale per group, <= 1 byte of metadata per group.
+            "taco_fp32x2": TACO's released layout, an RMS pre-scale and an absmax scale stored as
+            two FP32 per group (8 bytes per group).
+        rounding: "nearest" (round half to even) or "stochastic" (unbiased; for gradients).
+        seed: seed of the counter-based random stream used by stochastic rounding.
+
+    Example:
+        >>> cfg = CompressionConfig(codec="int8", group_size=64)
+        >>> cfg.bytes_per_element(4096)
+        1.0166015625
+    """
+
+    codec: str = "fp8_e4m3"
+    group_size: int = 128
+    hadamard: bool = True
+    scales: str = "dual"
+    rounding: str = "nearest"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_choice("codec", self.codec, CODECS)
+        _check_choice("group_size", self.group_size, GROUP_SIZES)
+        _check_choice("scales", self.scales, SCALE_MODES)
+        _check_choice("rounding", self.rounding, ROUNDINGS)
+        if not isinstance(self.hadamard, bool):
+            raise ValueError(f"CompressionConfig.hadamard must be a bool, got {self.hadamard!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
+            raise ValueError(f"CompressionConfig.seed must be an int in [0, 2**31), got {self.seed!r}")
+
+    @property
+    def spec(self) -> CodecSpec:
+        return CODEC_SPECS[self.codec]
+
+    @property
+    def stochastic(self) -> bool:
+        return self.rounding == "stochastic"
+
+    def replace(self, **changes) -> "CompressionConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def bytes_per_element(self, numel: int = 1 << 20) -> float:
+        """Wire bytes per input element for a tensor of `numel` elements (metadata included)."""
+        from .layout import WireLayout  # local: layout depends on this module
+
+        return WireLayout.of(numel, self).nbytes / max(numel, 1)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CompressionConfig":
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown CompressionConfig fields: {sorted(unknown)}")
+        return cls(**d)

@@ -1,0 +1,58 @@
+"""Fused decompress: 8-bit codes -> scales -> inverse block Hadamard -> saturating cast, one pass.
+
+The +-1 transform runs on the decoded codes and the group scale is applied after it (one
+multiply per element). Outputs are clamped to the output dtype's finite range, so quantization
+error at the dtype's maximum never produces Inf; NaN groups stay NaN. Reference:
+`taco_triton.reference.decompress_reference`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import CompressionConfig
+from ..layout import WireLayout
+from ._common import CODEC_IDS, decode_codes, decode_ue4m4, hadamard_rows, launch_flags, to_out_dtype
+
+
+@triton.jit
+def _decompress_kernel(
+    codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, numel, n_groups, out_max,
+    G: tl.constexpr, GPS: tl.constexpr, CODEC: tl.constexpr, HADAMARD: tl.constexpr,
+    DUAL: tl.constexpr, HW_CAST: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * GPS + tl.arange(0, GPS)
+    row_ok = rows < n_groups
+    offs = rows[:, None] * G + tl.arange(0, G)[None, :]
+    codes = tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
+    if DUAL:
+        dcode = tl.load(scale_b_ptr + rows, mask=row_ok, other=0).to(tl.int32)
+        sigma = tl.load(scale_a_ptr + pid) * decode_ue4m4(dcode)
+    else:
+        sigma = tl.load(scale_b_ptr + rows, mask=row_ok, other=0.0)
+    vals = decode_codes(codes, CODEC, HW_CAST)
+    if HADAMARD:
+        y = hadamard_rows(vals, GPS, G, DOT_PREC) * (2.0 * sigma)[:, None]
+    else:
+        y = vals * sigma[:, None]
+    if not DUAL:
+        y = tl.div_rn(y, tl.load(scale_a_ptr + rows, mask=row_ok, other=1.0)[:, None])
+    y = tl.where(y > out_max, out_max, tl.where(y < -out_max, -out_max, y))
+    tl.store(out_ptr + offs, to_out_dtype(y, out_ptr, HW_CAST), mask=offs < numel)
+
+
+def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
+    """Launch the fused decompress kernel into `out` (contiguous bf16/fp16/fp32)."""
+    layout = WireLayout.of(out.numel(), config)
+    if layout.n_groups == 0:
+        return out
+    codes, a, b = layout.split(data)
+    _decompress_kernel[(layout.n_superblocks,)](
+        codes, a, b, out, out.numel(), layout.n_groups, torch.finfo(out.dtype).max,
+        G=config.group_size, GPS=layout.groups_per_superblock, CODEC=CODEC_IDS[config.codec],
+        HADAMARD=config.hadamard, DUAL=config.scales == "dual", num_warps=4,
+        **launch_flags(out.is_cuda),
+    )
+    return out

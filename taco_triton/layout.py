@@ -1,0 +1,73 @@
+"""The wire layout: where each part of a compressed tensor lives in its one uint8 buffer.
+
+The buffer is exactly what goes on the wire, so both ends derive the layout from
+(numel, config) alone; nothing about the layout travels with the data.
+
+    dual:         [codes: n_groups*G u8][superblock scales: n_sb f32][group scales: n_groups u8]
+    taco_fp32x2:  [codes: n_groups*G u8][pre-scales: n_groups f32][absmax scales: n_groups f32]
+
+Codes come first so they start 16-byte aligned for vector loads; n_groups*G is a multiple of 32,
+so the FP32 region after them is 4-byte aligned. The last group is padded to G codes (never the
+input): with the Hadamard transform a partial group has G coefficients, so its codes need G bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import SUPERBLOCK_ELEMS, CompressionConfig
+
+
+@dataclass(frozen=True)
+class WireLayout:
+    numel: int
+    group_size: int
+    n_groups: int
+    groups_per_superblock: int
+    n_superblocks: int
+    scales: str
+    codes_offset: int
+    scale_a_offset: int  # superblock f32 scales (dual) or per-group pre-scales (taco_fp32x2)
+    scale_b_offset: int  # per-group u8 scales (dual) or per-group f32 absmax scales (taco_fp32x2)
+    nbytes: int
+
+    @staticmethod
+    def of(numel: int, config: CompressionConfig) -> "WireLayout":
+        if numel < 0:
+            raise ValueError(f"numel must be >= 0, got {numel}")
+        g = config.group_size
+        n_groups = -(-numel // g)
+        gps = SUPERBLOCK_ELEMS // g
+        n_sb = -(-n_groups // gps)
+        codes = n_groups * g
+        if config.scales == "dual":
+            a_bytes, b_bytes = 4 * n_sb, n_groups
+        else:
+            a_bytes, b_bytes = 4 * n_groups, 4 * n_groups
+        return WireLayout(
+            numel=numel,
+            group_size=g,
+            n_groups=n_groups,
+            groups_per_superblock=gps,
+            n_superblocks=n_sb,
+            scales=config.scales,
+            codes_offset=0,
+            scale_a_offset=codes,
+            scale_b_offset=codes + a_bytes,
+            nbytes=codes + a_bytes + b_bytes,
+        )
+
+    def split(self, data):
+        """Views of (codes u8 [n_groups, G], scale_a, scale_b) inside a flat uint8 tensor."""
+        import torch
+
+        if data.dtype != torch.uint8 or data.dim() != 1 or data.numel() != self.nbytes:
+            raise ValueError(
+                f"wire buffer must be 1-D uint8 with {self.nbytes} bytes, got {data.dtype} "
+                f"shape {tuple(data.shape)}"
+            )
+        codes = data[: self.scale_a_offset].view(self.n_groups, self.group_size)
+        a = data[self.scale_a_offset : self.scale_b_offset].view(torch.float32)
+        b = data[self.scale_b_offset :]
+        if self.scales != "dual":
+            b = b.view(torch.float32)
+        return codes, a, b

@@ -1,0 +1,112 @@
+"""Compress/decompress registered as torch ops, dispatching to the Triton kernels or the reference.
+
+Registered with `torch.library.custom_op` and fake (meta) implementations, so they compose with
+`torch.compile(fullgraph=True)`: the wire size is a pure function of (numel, config), which is
+all the fake implementation needs. The config travels as plain fields because custom ops take
+only primitive arguments.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import alloc, reference
+from .config import CompressionConfig
+from .layout import WireLayout
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The backend that will actually run: "triton" or "torch".
+
+    "auto" runs the Triton kernels on CUDA tensors and the torch reference elsewhere. "triton" on a
+    CPU tensor needs Triton's interpreter (TRITON_INTERPRET=1 set before taco_triton is imported).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not supported; allowed: {list(BACKENDS)}")
+    if backend == "torch":
+        return "torch"
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+    if not _triton_available():
+        raise RuntimeError("backend='triton' needs the triton package, which is not installed")
+    if device.type != "cuda":
+        from .kernels._common import interpreting
+
+        if not interpreting():
+            raise RuntimeError(
+                f"backend='triton' on a {device.type} tensor needs Triton's interpreter: set "
+                "TRITON_INTERPRET=1 before importing taco_triton, or use backend='auto'/'torch'"
+            )
+    return "triton"
+
+
+def _config(codec, group_size, hadamard, scales, rounding, seed) -> CompressionConfig:
+    return CompressionConfig(codec, group_size, hadamard, scales, rounding, seed)
+
+
+@torch.library.custom_op("taco_triton::compress", mutates_args=())
+def compress_op(
+    x: torch.Tensor, codec: str, group_size: int, hadamard: bool, scales: str, rounding: str,
+    seed: int, backend: str,
+) -> torch.Tensor:
+    """Wire buffer (1-D uint8) of a contiguous tensor; see `taco_triton.compress`."""
+    cfg = _config(codec, group_size, hadamard, scales, rounding, seed)
+    if resolve_backend(backend, x.device) == "triton":
+        from .kernels.compress import compress_triton
+
+        return compress_triton(x, cfg)
+    return reference.compress_reference(x, cfg)
+
+
+@compress_op.register_fake
+def _(x, codec, group_size, hadamard, scales, rounding, seed, backend):
+    nbytes = WireLayout.of(x.numel(), _config(codec, group_size, hadamard, scales, rounding, seed)).nbytes
+    return x.new_empty(nbytes, dtype=torch.uint8)
+
+
+@torch.library.custom_op("taco_triton::decompress", mutates_args=())
+def decompress_op(
+    data: torch.Tensor, numel: int, dtype: torch.dtype, codec: str, group_size: int,
+    hadamard: bool, scales: str, rounding: str, seed: int, backend: str,
+) -> torch.Tensor:
+    """Flat tensor of `numel` elements of `dtype` from a wire buffer; see `taco_triton.decompress`."""
+    cfg = _config(codec, group_size, hadamard, scales, rounding, seed)
+    if resolve_backend(backend, data.device) == "triton":
+        from .kernels.decompress import decompress_triton
+
+        return decompress_triton(data, alloc.empty(numel, dtype, data.device), cfg)
+    return reference.decompress_reference(data, numel, cfg, dtype)
+
+
+@decompress_op.register_fake
+def _(data, numel, dtype, codec, group_size, hadamard, scales, rounding, seed, backend):
+    return data.new_empty(numel, dtype=dtype)
+
+
+@torch.library.custom_op("taco_triton::decompress_into", mutates_args=("out",))
+def decompress_into_op(
+    data: torch.Tensor, out: torch.Tensor, codec: str, group_size: int, hadamard: bool,
+    scales: str, rounding: str, seed: int, backend: str,
+) -> None:
+    """Decompress into the contiguous tensor `out`; see `taco_triton.decompress`."""
+    cfg = _config(codec, group_size, hadamard, scales, rounding, seed)
+    if resolve_backend(backend, data.device) == "triton":
+        from .kernels.decompress import decompress_triton
+
+        decompress_triton(data, out, cfg)
+    else:
+        out.view(-1).copy_(reference.decompress_reference(data, out.numel(), cfg, out.dtype))
+
+
+@decompress_into_op.register_fake
+def _(data, out, codec, group_size, hadamard, scales, rounding, seed, backend):
+    return None

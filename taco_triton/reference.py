@@ -1,0 +1,289 @@
+"""Pure-torch reference of every stage of the codec: the test oracle and the CPU backend.
+
+Each stage is a function of its own, in pipeline order:
+
+1. `to_groups`       flatten and cut into groups of G (the last group zero-padded here; the
+                     kernels mask instead of padding).
+2. `hadamard_forward` / `hadamard_inverse`: block Walsh-Hadamard transform of size G. Forward is
+                     y = x H / (2G), with H the +-1 Sylvester matrix. This is
+                     the normalised transform up to a constant factor, chosen so that both
+                     directions scale by powers of two only (exact) and |y| <= max|x| / 2 can never
+                     overflow, even for inputs at the dtype's maximum. Inverse: x = 2 y H.
+3. `dual_scales` / `taco_scales`: the group scales (see `CompressionConfig.scales`).
+4. `encode_codes` / `decode_codes`: 8-bit codes. FP8 codes equal torch's round-to-nearest-even
+                     cast; `encode_codes_bits` is the integer-bit encoder the kernels use in
+                     Triton's interpreter and for stochastic rounding, kept here so it is tested
+                     against torch's cast.
+5. `compress_reference` / `decompress_reference`: the whole pipeline on the wire layout.
+
+Bit-level conventions shared with the kernels (`taco_triton/kernels/`):
+- Non-finite groups: any NaN/Inf in a group's input marks the group with scale code 255 (dual) or
+  a NaN absmax scale (taco_fp32x2); its codes are 0 and it decompresses to NaN.
+- Unsigned E4M4 group scales: code = E<<4 | m, value (1 + m/16) 2^(E-15) for E >= 1 and
+  m 2^-18 for E = 0, rounded up (never clips the group max). 1.0 is code 240; 255 means NaN.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import alloc
+from .config import CODEC_SPECS, CodecSpec, CompressionConfig
+from .layout import WireLayout
+
+UE4M4_NAN = 255
+_MASK32 = 0xFFFFFFFF
+
+
+# --------------------------------------------------------------------------- 1. groups
+def to_groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Flatten `x` to FP32 and reshape to [n_groups, G], zero-padding the last group."""
+    flat = x.reshape(-1).float()
+    n_groups = -(-flat.numel() // group_size)
+    pad = n_groups * group_size - flat.numel()
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    return flat.view(n_groups, group_size)
+
+
+# --------------------------------------------------------------------------- 2. Hadamard
+def hadamard_matrix(g: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """The +-1 Sylvester-Hadamard matrix of size g: H[i, j] = (-1)^popcount(i & j). Symmetric."""
+    return _hadamard_matrix(g, dtype, torch.device(device or "cpu"))
+
+
+@functools.lru_cache(maxsize=64)
+def _hadamard_matrix(g: int, dtype, device) -> torch.Tensor:
+    i = torch.arange(g, device=device)
+    v = i[:, None] & i[None, :]
+    parity = torch.zeros_like(v)
+    while bool(v.any()):
+        parity ^= v & 1
+        v = v >> 1
+    return (1 - 2 * parity).to(dtype)
+
+
+def hadamard_forward(groups: torch.Tensor) -> torch.Tensor:
+    """y = x H / (2G) per row; the 1/(2G) is applied first, so the sum cannot overflow."""
+    g = groups.shape[-1]
+    return (groups * (0.5 / g)) @ hadamard_matrix(g, groups.dtype, groups.device)
+
+
+def hadamard_inverse(y: torch.Tensor) -> torch.Tensor:
+    """x = 2 y H per row: the exact inverse of `hadamard_forward` (H H = G I)."""
+    return (y @ hadamard_matrix(y.shape[-1], y.dtype, y.device)) * 2.0
+
+
+# --------------------------------------------------------------------------- bit helpers
+def _f32_bits(v: torch.Tensor) -> torch.Tensor:
+    return v.float().contiguous().view(torch.int32).to(torch.int64) & _MASK32
+
+
+def _f32_from_bits(b: torch.Tensor) -> torch.Tensor:
+    return (b & _MASK32).to(torch.uint32).view(torch.int32).view(torch.float32)
+
+
+def _split_float(v: torch.Tensor):
+    """(sign, e, M) of FP32 values: |v| = M * 2^(e - 23), M with the implicit bit, e >= -126."""
+    b = _f32_bits(v)
+    sign = b >> 31
+    raw_e = (b >> 23) & 0xFF
+    mant = b & 0x7FFFFF
+    full = torch.where(raw_e > 0, mant | 0x800000, mant)
+    e = torch.clamp(raw_e, min=1) - 127
+    return sign, e, full
+
+
+def _round_shift(m: torch.Tensor, s: torch.Tensor, mode: str, rand: torch.Tensor | None = None):
+    """m >> s rounded: "nearest" (half to even), "ceil", or "stochastic" (with 32 random bits).
+
+    s is at most 25 and m < 2^24, so every case fits comfortably in int64 (and in the kernels'
+    uint32), and a shift past the value's bits yields 0 or 1 exactly as rounding demands.
+    """
+    one = torch.ones_like(s)
+    if mode == "ceil":
+        return (m + (one << s) - 1) >> s
+    if mode == "stochastic":
+        return (m + (rand & ((one << s) - 1))) >> s
+    q = m >> s
+    rem = m & ((one << s) - 1)
+    half = one << (s - 1)
+    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+    return q + up.to(q.dtype)
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser on int64 tensors holding uint32 values."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
+def random_bits(seed: int, index: torch.Tensor) -> torch.Tensor:
+    """32 reproducible random bits per int64 element index (counter-based: no state)."""
+    lo = index & _MASK32
+    hi = index >> 32
+    return mix32(lo ^ mix32(hi ^ mix32(torch.full_like(index, seed))))
+
+
+# --------------------------------------------------------------------------- 3. scales
+def encode_ue4m4_ceil(r: torch.Tensor) -> torch.Tensor:
+    """Unsigned E4M4 code of r in [0, 1], rounded up (so the decoded scale never clips)."""
+    _, e, m = _split_float(r)
+    eq = torch.clamp(e, min=-14)
+    s = torch.clamp(19 + eq - e, max=25)
+    return (eq + 14) * 16 + _round_shift(m, s, "ceil")
+
+
+def decode_ue4m4(code: torch.Tensor) -> torch.Tensor:
+    """FP32 value of unsigned E4M4 codes (255 -> NaN)."""
+    c = code.to(torch.int64)
+    big_e, m = c >> 4, c & 15
+    normal = _f32_from_bits(((big_e - 15 + 127) << 23) | (m << 19))
+    sub = m.float() * 2.0**-18
+    out = torch.where(big_e > 0, normal, sub)
+    return torch.where(c == UE4M4_NAN, torch.full_like(out, float("nan")), out)
+
+
+def group_finite(groups: torch.Tensor) -> torch.Tensor:
+    """[n_groups] bool: every element of the group is finite."""
+    return torch.isfinite(groups).all(dim=1)
+
+
+def dual_scales(y: torch.Tensor, finite: torch.Tensor, spec: CodecSpec, groups_per_sb: int):
+    """Superblock FP32 scales S, group codes d (u8) and the effective group scales S * d(code).
+
+    S = max over the superblock's finite groups of amax / code_max, so the largest group gets
+    d = 1 exactly (code 240) and is scaled absmax-to-code_max like TACO's FP32 scales.
+    """
+    n_groups = y.shape[0]
+    amax = torch.where(finite, y.abs().amax(dim=1), y.new_zeros(n_groups))
+    n_sb = -(-n_groups // groups_per_sb)
+    padded = torch.cat([amax, amax.new_zeros(n_sb * groups_per_sb - n_groups)])
+    sb_amax = padded.view(n_sb, groups_per_sb).amax(dim=1)
+    sb_scale = sb_amax / spec.code_max
+    sb_of_group = sb_amax.repeat_interleave(groups_per_sb)[:n_groups]
+    ratio = torch.where(sb_of_group > 0, amax / sb_of_group, torch.zeros_like(amax))
+    codes = torch.where(finite, encode_ue4m4_ceil(ratio), torch.full_like(amax, UE4M4_NAN, dtype=torch.int64))
+    sigma = sb_scale.repeat_interleave(groups_per_sb)[:n_groups] * decode_ue4m4(codes)
+    return sb_scale, codes.to(torch.uint8), sigma
+
+
+def taco_prescale(groups: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
+    """TACO's adaptive pre-scale per group: clamp(code_max / sqrt(mean(x^2) + 1e-6), 1e-3, 1e3)."""
+    ms = (groups * groups).sum(dim=1) / groups.shape[1]
+    return torch.clamp(spec.code_max / torch.sqrt(ms + 1e-6), 1e-3, 1e3)
+
+
+def taco_scales(y: torch.Tensor, finite: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
+    """TACO's absmax scale per group, q = amax / code_max (NaN for non-finite groups)."""
+    q = y.abs().amax(dim=1) / spec.code_max
+    return torch.where(finite, q, torch.full_like(q, float("nan")))
+
+
+# --------------------------------------------------------------------------- 4. codes
+def scale_to_codes(y: torch.Tensor, sigma: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
+    """v = y / sigma per group, clamped to +-code_max (0 where sigma is 0 or NaN)."""
+    s = sigma[:, None]
+    ok = (s > 0) & torch.isfinite(y)
+    v = torch.where(ok, y / torch.where(ok, s, torch.ones_like(s)), torch.zeros_like(y))
+    return v.clamp(-spec.code_max, spec.code_max)
+
+
+def encode_codes(v: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
+    """Round-to-nearest-even codes (u8) of scaled values |v| <= code_max, via torch's own casts."""
+    if spec.is_float:
+        return v.to(spec.torch_dtype).view(torch.uint8)
+    return torch.round(v).to(torch.int8).view(torch.uint8)
+
+
+def encode_codes_bits(v: torch.Tensor, spec: CodecSpec, mode: str = "nearest", rand=None) -> torch.Tensor:
+    """The kernels' integer-bit encoder: nearest-even, or stochastic with 32 random bits each.
+
+    For FP8: with |v| = M 2^(e-23), the code grid's exponent is eq = max(e, emin), so dropping
+    s = 23 - mbits + (eq - e) bits of M gives the code's significand n, and the code is
+    (eq - emin) << mbits plus n; a carry out of n moves into the exponent by itself.
+    INT8 drops s = 23 - e bits (quantum 1).
+    """
+    sign, e, m = _split_float(v)
+    if spec.is_float:
+        eq = torch.clamp(e, min=spec.emin)
+        s = torch.clamp(23 - spec.mbits + eq - e, max=25)
+        mag = ((eq - spec.emin) << spec.mbits) + _round_shift(m, s, mode, rand)
+        return (mag | (sign << 7)).to(torch.uint8)
+    s = torch.clamp(23 - e, max=25)
+    mag = _round_shift(m, s, mode, rand)
+    return (torch.where(sign == 1, -mag, mag) & 0xFF).to(torch.uint8)
+
+
+def decode_codes(codes: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
+    """FP32 values of u8 codes."""
+    return codes.view(spec.torch_dtype).float()
+
+
+# --------------------------------------------------------------------------- 5. pipeline
+def transform(x: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
+    """Stages 1-2: the [n_groups, G] FP32 values that get quantized (the "transformed domain")."""
+    groups = to_groups(x, config.group_size)
+    return hadamard_forward(groups) if config.hadamard else groups
+
+
+def compress_reference(x: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
+    """Compress `x` into its wire buffer (1-D uint8 of `WireLayout.of(x.numel(), config).nbytes`)."""
+    spec = CODEC_SPECS[config.codec]
+    layout = WireLayout.of(x.numel(), config)
+    groups = to_groups(x, config.group_size)
+    finite = group_finite(groups)
+    if config.scales == "taco_fp32x2":
+        pre = torch.where(finite, taco_prescale(torch.where(torch.isfinite(groups), groups, 0.0), spec), 1.0)
+        groups = groups * pre[:, None]
+    y = hadamard_forward(groups) if config.hadamard else groups
+    if config.scales == "dual":
+        scale_a, scale_b, sigma = dual_scales(y, finite, spec, layout.groups_per_superblock)
+    else:
+        scale_a, sigma = pre, taco_scales(y, finite, spec)
+        scale_b = sigma
+    v = scale_to_codes(y, sigma, spec)
+    if config.stochastic:
+        idx = torch.arange(v.numel(), dtype=torch.int64, device=v.device).view_as(v)
+        codes = encode_codes_bits(v, spec, "stochastic", random_bits(config.seed, idx))
+    else:
+        codes = encode_codes(v, spec)
+    data = alloc.empty(layout.nbytes, torch.uint8, x.device)
+    c, a, b = layout.split(data)
+    c.copy_(codes)
+    a.copy_(scale_a)
+    b.copy_(scale_b)
+    return data
+
+
+def saturate_cast(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast to `dtype`, clamping finite overflow to the dtype's largest value (NaN stays NaN)."""
+    big = torch.finfo(dtype).max
+    return torch.where(y > big, big, torch.where(y < -big, -big, y)).to(dtype)
+
+
+def decompress_reference(
+    data: torch.Tensor, numel: int, config: CompressionConfig, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Inverse of `compress_reference`: a flat tensor of `numel` values of `dtype`."""
+    spec = CODEC_SPECS[config.codec]
+    layout = WireLayout.of(numel, config)
+    codes, a, b = layout.split(data)
+    if config.scales == "dual":
+        sb = a.repeat_interleave(layout.groups_per_superblock)[: layout.n_groups]
+        sigma = sb * decode_ue4m4(b)
+    else:
+        sigma = b
+    vals = decode_codes(codes, spec)
+    if config.hadamard:  # +-1 transform of the codes first, then one scale multiply per element
+        y = (vals @ hadamard_matrix(layout.group_size, device=vals.device)) * (2.0 * sigma)[:, None]
+    else:
+        y = vals * sigma[:, None]
+    if config.scales == "taco_fp32x2":
+        y = y / a[:, None]
+    return saturate_cast(y.reshape(-1)[:numel], dtype)
