@@ -7,13 +7,9 @@ by default.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-
-def poisoning() -> bool:
-    return os.environ.get("TACO_TRITON_POISON_ALLOC", "0") == "1"
+from .env import poison_alloc as poisoning
 
 
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:

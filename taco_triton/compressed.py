@@ -107,7 +107,8 @@ class Compressed(NamedTuple):
         expected = WireLayout.of(numel, config).nbytes
         if payload_len != expected:
             raise ValueError(f"corrupt taco_triton header: payload {payload_len} bytes, shape {shape} needs {expected}")
-        data = torch.frombuffer(bytearray(mv[head_len : head_len + payload_len]), dtype=torch.uint8)
+        payload = bytearray(mv[head_len : head_len + payload_len])
+        data = torch.frombuffer(payload, dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
         out = cls(data, torch.Size(shape), _DTYPES[dt], config)
         out.validate()
         return out.to(device) if device is not None else out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import alloc, reference
+from . import alloc, env, reference
 from .config import CompressionConfig
 from .layout import WireLayout
 
@@ -38,14 +38,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         return "triton" if device.type == "cuda" and _triton_available() else "torch"
     if not _triton_available():
         raise RuntimeError("backend='triton' needs the triton package, which is not installed")
-    if device.type != "cuda":
-        from .kernels._common import interpreting
-
-        if not interpreting():
-            raise RuntimeError(
-                f"backend='triton' on a {device.type} tensor needs Triton's interpreter: set "
-                "TRITON_INTERPRET=1 before importing taco_triton, or use backend='auto'/'torch'"
-            )
+    if device.type != "cuda" and not env.interpreting():
+        raise RuntimeError(
+            f"backend='triton' on a {device.type} tensor needs Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before importing taco_triton, or use backend='auto'/'torch'"
+        )
     return "triton"
 
 

@@ -98,14 +98,18 @@ def _split_float(v: torch.Tensor):
 def _round_shift(m: torch.Tensor, s: torch.Tensor, mode: str, rand: torch.Tensor | None = None):
     """m >> s rounded: "nearest" (half to even), "ceil", or "stochastic" (with 32 random bits).
 
-    s is at most 25 and m < 2^24, so every case fits comfortably in int64 (and in the kernels'
-    uint32), and a shift past the value's bits yields 0 or 1 exactly as rounding demands.
+    m < 2^24. Nearest and ceil clamp s at 25, where the result is already exactly 0 or 1.
+    Stochastic rounds up with probability (m mod 2^s) / 2^s, exact for s <= 31; beyond that
+    (values under 2^-8 of the code grid's smallest step) s is clamped at 31, which leaves a bias of
+    at most 2^-31 steps. Everything fits in uint32, as in the kernels.
     """
     one = torch.ones_like(s)
+    if mode == "stochastic":
+        s = torch.clamp(s, max=31)
+        return (m + (rand & ((one << s) - 1))) >> s
+    s = torch.clamp(s, max=25)
     if mode == "ceil":
         return (m + (one << s) - 1) >> s
-    if mode == "stochastic":
-        return (m + (rand & ((one << s) - 1))) >> s
     q = m >> s
     rem = m & ((one << s) - 1)
     half = one << (s - 1)
@@ -135,7 +139,7 @@ def encode_ue4m4_ceil(r: torch.Tensor) -> torch.Tensor:
     """Unsigned E4M4 code of r in [0, 1], rounded up (so the decoded scale never clips)."""
     _, e, m = _split_float(r)
     eq = torch.clamp(e, min=-14)
-    s = torch.clamp(19 + eq - e, max=25)
+    s = 19 + eq - e
     return (eq + 14) * 16 + _round_shift(m, s, "ceil")
 
 
@@ -212,10 +216,10 @@ def encode_codes_bits(v: torch.Tensor, spec: CodecSpec, mode: str = "nearest", r
     sign, e, m = _split_float(v)
     if spec.is_float:
         eq = torch.clamp(e, min=spec.emin)
-        s = torch.clamp(23 - spec.mbits + eq - e, max=25)
+        s = 23 - spec.mbits + eq - e
         mag = ((eq - spec.emin) << spec.mbits) + _round_shift(m, s, mode, rand)
         return (mag | (sign << 7)).to(torch.uint8)
-    s = torch.clamp(23 - e, max=25)
+    s = 23 - e
     mag = _round_shift(m, s, mode, rand)
     return (torch.where(sign == 1, -mag, mag) & 0xFF).to(torch.uint8)
 

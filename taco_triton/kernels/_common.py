@@ -5,17 +5,12 @@ Rounding ids (constexpr ROUND): 0 = nearest-even, 1 = ceil, 2 = stochastic.
 """
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
+from ..env import interpreting
+
 CODEC_IDS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "int8": 2}
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def launch_flags(is_cuda: bool) -> dict:
@@ -80,12 +75,18 @@ def random_bits(seed, offs):
 
 @triton.jit
 def round_shift(m, s, ROUND: tl.constexpr, rand):
-    """m >> s (int32, m < 2^24, 1 <= s <= 25) rounded nearest-even, up, or stochastically."""
+    """m >> s (int32 m < 2^24, s >= 1) rounded nearest-even, up, or stochastically.
+
+    As reference._round_shift: s clamps at 25 (nearest, ceil) or 31 (stochastic, in uint32).
+    """
+    if ROUND == 2:
+        s = tl.minimum(s, 31)
+        low = tl.full(s.shape, 0xFFFFFFFF, tl.uint32) >> (32 - s).to(tl.uint32)
+        return ((m.to(tl.uint32) + (rand & low)) >> s.to(tl.uint32)).to(tl.int32)
+    s = tl.minimum(s, 25)
     low = (1 << s) - 1
     if ROUND == 1:
         return (m + low) >> s
-    elif ROUND == 2:
-        return (m + (rand & low.to(tl.uint32)).to(tl.int32)) >> s
     else:
         q = m >> s
         rem = m & low
@@ -111,7 +112,7 @@ def encode_ue4m4_ceil(r):
     """Unsigned E4M4 scale code of r in [0, 1], rounded up (reference.encode_ue4m4_ceil)."""
     _, e, m = split_float(r)
     eq = tl.maximum(e, -14)
-    s = tl.minimum(19 + eq - e, 25)
+    s = 19 + eq - e
     return (eq + 14) * 16 + round_shift(m, s, 1, 0)
 
 
@@ -147,13 +148,13 @@ def encode_codes(v, rand, CODEC: tl.constexpr, ROUND: tl.constexpr, HW_CAST: tl.
     else:
         sign, e, m = split_float(v)
         if CODEC == 2:
-            s = tl.minimum(23 - e, 25)
+            s = 23 - e
             mag = round_shift(m, s, ROUND, rand)
             code = tl.where(sign == 1, -mag, mag) & 0xFF
         else:
             _cmax, MBITS, EMIN, _sub = codec_consts(CODEC)
             eq = tl.maximum(e, EMIN)
-            s = tl.minimum(23 - MBITS + eq - e, 25)
+            s = 23 - MBITS + eq - e
             mag = ((eq - EMIN) << MBITS) + round_shift(m, s, ROUND, rand)
             code = mag | (sign << 7)
         return code.to(tl.uint8)

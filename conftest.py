@@ -19,3 +19,14 @@ settings.register_profile(
     "thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _doctest_names(doctest_namespace):
+    import torch
+
+    import taco_triton
+
+    doctest_namespace.update(torch=torch, taco=taco_triton, **{n: getattr(taco_triton, n) for n in taco_triton.__all__})

@@ -1,0 +1,175 @@
+"""The fused Triton kernels against the torch reference (interpreter on CPU, compiled on GPU).
+
+Without Hadamard the kernels do the same FP32 operations as the reference, so the wire bytes
+must be bit-identical. With Hadamard the transform sums G products in a different order; a code
+may then differ from the reference's only where the reference's scaled value lies within the two
+transforms' summation error of a rounding midpoint - the test checks each such code is explained
+that way and reports how many there were.
+"""
+import pytest
+import torch
+
+import taco_triton as taco
+from taco_triton import reference as ref
+from taco_triton.bounds import _gamma, group_sigma
+from taco_triton.layout import WireLayout
+
+from .helpers import DEVICE, DTYPES, ON_GPU, U_DOT_HERE, all_configs, cfg_id, make_input
+
+SHAPES = [(3, 384), (6, 42, 17), (1, 1), (2, 4097), (8192 // 384 + 1, 384)]
+SHAPE_IDS = ["3x384", "6x42x17", "1x1", "2x4097", "22x384"]
+
+
+def _triton(x, cfg):
+    return taco.compress(x, cfg, backend="triton")
+
+
+def _reference_bytes(x, cfg):
+    return ref.compress_reference(x.cpu(), cfg)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("cfg", [c for c in all_configs() if not c.hadamard], ids=cfg_id)
+def test_codes_and_scales_bit_identical_without_hadamard(cfg, dtype):
+    for shape, kind in zip(SHAPES[:3], ("outliers", "heavy", "dense")):
+        x = make_input(kind, shape, DTYPES[dtype], seed=len(shape))
+        assert torch.equal(_triton(x, cfg).data.cpu(), _reference_bytes(x, cfg))
+
+
+@pytest.mark.parametrize("codec", ["fp8_e4m3", "fp8_e5m2", "int8"])
+def test_stochastic_codes_bit_identical_without_hadamard(codec):
+    cfg = taco.CompressionConfig(codec=codec, hadamard=False, rounding="stochastic", seed=11)
+    x = make_input("outliers", (5, 384), torch.bfloat16, seed=3)
+    assert torch.equal(_triton(x, cfg).data.cpu(), _reference_bytes(x, cfg))
+
+
+def _explained_code_differences(x, cfg, got: torch.Tensor, want: torch.Tensor):
+    """Count differing codes; assert each is an adjacent code at a midpoint within summation error."""
+    lay = WireLayout.of(x.numel(), cfg)
+    c_got, _, b_got = lay.split(got)
+    c_want, _, b_want = lay.split(want)
+    spec = cfg.spec
+    groups = ref.to_groups(x.cpu(), cfg.group_size).double()
+    delta = 2 * _gamma(cfg.group_size, U_DOT_HERE) * groups.abs().sum(1, keepdim=True) / (2 * cfg.group_size)
+    # groups whose E4M4 scale code differs: the ratio amax/sb_amax sat on a rounding-up boundary
+    same_scale = b_got == b_want if cfg.scales == "dual" else torch.ones(lay.n_groups, dtype=torch.bool)
+    n_scale_diff = int((~same_scale).sum())
+    assert n_scale_diff <= max(1, lay.n_groups // 50), f"{n_scale_diff} of {lay.n_groups} group scales differ"
+    sigma = group_sigma(taco.Compressed(want, x.shape, x.dtype, cfg))[:, None]
+    diff = (c_got != c_want) & same_scale[:, None]
+    if not bool(diff.any()):
+        return 0
+    a = ref.decode_codes(c_got, spec).double()[diff]
+    b = ref.decode_codes(c_want, spec).double()[diff]
+    steps = 2 * spec.half_ulp(torch.maximum(a.abs(), b.abs()))
+    assert bool(((a - b).abs() <= steps * (1 + 1e-9)).all()), "differing codes must be neighbours"
+    y_ref = ref.transform(x.cpu(), cfg).double()[diff]
+    v = y_ref / sigma.expand_as(diff)[diff]
+    midpoint = (a + b) / 2
+    slack = delta.expand_as(diff)[diff] / sigma.expand_as(diff)[diff] + 4 * 2.0**-24 * v.abs()
+    assert bool(((v - midpoint).abs() <= slack).all()), "a differing code not explained by summation order"
+    return int(diff.sum())
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("cfg", [c for c in all_configs() if c.hadamard] + [taco.CompressionConfig(scales="taco_fp32x2")], ids=cfg_id)
+def test_hadamard_codes_match_up_to_summation_order(cfg, dtype, record_property):
+    total, n_diff = 0, 0
+    for shape, kind in zip(SHAPES, ("outliers", "heavy", "dense", "zero_groups", "outliers")):
+        x = make_input(kind, shape, DTYPES[dtype], seed=7)
+        got, want = _triton(x, cfg).data.cpu(), _reference_bytes(x, cfg)
+        if cfg.scales == "taco_fp32x2":  # pre-scale from an FP32 sum of squares: order-dependent bits
+            lay = WireLayout.of(x.numel(), cfg)
+            pre_got, pre_want = lay.split(got)[1], lay.split(want)[1]
+            assert bool(((pre_got.double() - pre_want.double()).abs() <= 2 * 2.0**-24 * 64 * pre_want.double()).all())
+            continue
+        n_diff += _explained_code_differences(x, cfg, got, want)
+        total += x.numel()
+    record_property("differing_codes", f"{n_diff}/{total}")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("cfg", [c for c in all_configs() if c.group_size in (32, 128, 512)], ids=cfg_id)
+def test_decompress_kernel_matches_reference(cfg, dtype):
+    x = make_input("outliers", (7, 384), DTYPES[dtype], seed=5)
+    data = _reference_bytes(x, cfg)
+    c = taco.Compressed(data.to(DEVICE), x.shape, x.dtype, cfg)
+    got = taco.decompress(c, backend="triton").cpu()
+    want = ref.decompress_reference(data, x.numel(), cfg, x.dtype).view(x.shape)
+    if not cfg.hadamard or cfg.codec == "int8":  # exact: same FP32 operations (int8 sums are exact)
+        assert torch.equal(got, want)
+    else:  # codes @ H summed in another order: within gamma_G of the absolute sum, then one rounding
+        vals = ref.decode_codes(WireLayout.of(x.numel(), cfg).split(data)[0], cfg.spec).double()
+        absum = 2 * vals.abs().sum(1, keepdim=True) * group_sigma(c)[:, None]
+        tol = _gamma(cfg.group_size, U_DOT_HERE) * absum.expand_as(vals).reshape(-1)[: x.numel()]
+        tol = tol + torch.finfo(x.dtype).eps * want.double().abs().reshape(-1)
+        assert bool(((got.double() - want.double()).abs().reshape(-1) <= tol).all())
+
+
+@pytest.mark.parametrize("cfg", [taco.CompressionConfig(), taco.CompressionConfig(codec="int8", hadamard=False)], ids=cfg_id)
+def test_tails_empty_and_tiny_shapes(cfg):
+    for shape in [(0,), (0, 384), (1,), (5,), (3, 7), (2, 129), (4097,)]:
+        x = make_input("dense", shape, torch.bfloat16) if 0 not in shape else torch.empty(shape, dtype=torch.bfloat16, device=DEVICE)
+        c = _triton(x, cfg)
+        assert c.nbytes == WireLayout.of(x.numel(), cfg).nbytes
+        y = taco.decompress(c, backend="triton")
+        assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
+        assert not bool(y.isnan().any()), "unwritten (NaN-poisoned) output"
+        assert torch.equal(y.cpu(), taco.decompress(taco.Compressed(_reference_bytes(x, cfg), x.shape, x.dtype, cfg), backend="torch"))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("cfg", [taco.CompressionConfig(), taco.CompressionConfig(hadamard=False, codec="int8"), taco.CompressionConfig(scales="taco_fp32x2")], ids=cfg_id)
+def test_nonfinite_group_decompresses_to_nan_and_spares_the_rest(cfg, backend):
+    x = make_input("dense", (4, 384), torch.float32, seed=2)
+    g = cfg.group_size
+    bad = x.clone()
+    bad.view(-1)[g + 3] = float("nan")
+    bad.view(-1)[3 * g + 1] = float("inf")
+    zeroed = x.clone()
+    zeroed.view(-1)[g : 2 * g] = 0
+    zeroed.view(-1)[3 * g : 4 * g] = 0
+    y = taco.decompress(taco.compress(bad, cfg, backend=backend), backend=backend).view(-1, g)
+    y0 = taco.decompress(taco.compress(zeroed, cfg, backend=backend), backend=backend).view(-1, g)
+    assert bool(y[1].isnan().all()) and bool(y[3].isnan().all())
+    keep = [0, 2] + list(range(4, y.shape[0]))
+    assert not bool(y[keep].isnan().any())
+    assert torch.equal(y[keep], y0[keep])  # the NaN groups do not touch the others' scales
+    with pytest.raises(ValueError, match="2 group"):
+        taco.compress(bad, cfg, backend=backend, check_finite=True)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_non_contiguous_input_and_out(backend):
+    base = make_input("outliers", (384, 10), torch.bfloat16)
+    x = base.t()  # non-contiguous view
+    assert not x.is_contiguous()
+    c = taco.compress(x, backend=backend)
+    assert torch.equal(c.data, taco.compress(x.contiguous(), backend=backend).data)
+    y = taco.decompress(c, backend=backend)
+    out = torch.empty(384, 10, dtype=torch.float32, device=DEVICE).t()
+    taco.decompress(c, out=out, backend=backend)
+    assert torch.equal(out, y.float()) or torch.allclose(out, y.float(), rtol=2**-8, atol=0)
+    flat = torch.empty(x.numel(), dtype=torch.bfloat16, device=DEVICE)
+    assert torch.equal(taco.decompress(c, out=flat, backend=backend).view(x.shape), y)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a >2^31-element tensor needs a GPU (run by bench/gpu_check.sh)")
+def test_int64_offsets_beyond_2_pow_31():
+    """Groups past element 2^31 are read, scaled and written where they belong (int64 offsets)."""
+    cfg = taco.CompressionConfig(hadamard=False)
+    n = 2**31 + 3 * 4096 + 77
+    x = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+    x[-20000:] = make_input("outliers", (20000,), torch.bfloat16, seed=9)
+    c = taco.compress(x, cfg)
+    start = (n - 20000) // 4096 * 4096  # a super-block boundary: the tail compresses alone the same way
+    tail = x[start:].cpu()
+    want = ref.compress_reference(tail, cfg)
+    lay, lay_t = WireLayout.of(n, cfg), WireLayout.of(tail.numel(), cfg)
+    got_codes, got_sb, got_g = lay.split(c.data)
+    w_codes, w_sb, w_g = lay_t.split(want)
+    g0, sb0 = start // cfg.group_size, start // 4096
+    assert torch.equal(got_codes[g0:].cpu(), w_codes)
+    assert torch.equal(got_sb[sb0:].cpu(), w_sb) and torch.equal(got_g[g0:].cpu(), w_g)
+    y = taco.decompress(c)
+    assert torch.equal(y[start:].cpu(), ref.decompress_reference(want, tail.numel(), cfg, x.dtype))
