@@ -14,6 +14,7 @@ import triton.language as tl
 from .. import alloc
 from ..config import CompressionConfig
 from ..layout import WireLayout
+from ._launch import launch_params
 from ._common import (
     CODEC_IDS,
     codec_consts,
@@ -88,6 +89,7 @@ def compress_triton(x: torch.Tensor, config: CompressionConfig, out: torch.Tenso
         x, codes, a, b, x.numel(), layout.n_groups, config.seed,
         G=config.group_size, GPS=layout.groups_per_superblock, CODEC=CODEC_IDS[config.codec],
         HADAMARD=config.hadamard, DUAL=config.scales == "dual",
-        ROUND=2 if config.stochastic else 0, num_warps=4, **launch_flags(x.is_cuda),
+        ROUND=2 if config.stochastic else 0, **launch_flags(x.is_cuda),
+        **launch_params("compress", x.device, x.dtype, config, x.numel()),
     )
     return data

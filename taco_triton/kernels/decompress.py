@@ -13,6 +13,7 @@ import triton.language as tl
 
 from ..config import CompressionConfig
 from ..layout import WireLayout
+from ._launch import launch_params
 from ._common import CODEC_IDS, decode_codes, decode_ue4m4, hadamard_rows, launch_flags, to_out_dtype
 
 
@@ -52,7 +53,7 @@ def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: Compression
     _decompress_kernel[(layout.n_superblocks,)](
         codes, a, b, out, out.numel(), layout.n_groups, torch.finfo(out.dtype).max,
         G=config.group_size, GPS=layout.groups_per_superblock, CODEC=CODEC_IDS[config.codec],
-        HADAMARD=config.hadamard, DUAL=config.scales == "dual", num_warps=4,
-        **launch_flags(out.is_cuda),
+        HADAMARD=config.hadamard, DUAL=config.scales == "dual", **launch_flags(out.is_cuda),
+        **launch_params("decompress", out.device, out.dtype, config, out.numel()),
     )
     return out
