@@ -15,17 +15,8 @@ from .. import alloc
 from ..config import CompressionConfig
 from ..layout import WireLayout
 from ._launch import launch_params
-from ._common import (
-    CODEC_IDS,
-    codec_consts,
-    decode_ue4m4,
-    encode_codes,
-    encode_ue4m4_ceil,
-    group_all_finite,
-    hadamard_rows,
-    launch_flags,
-    random_bits,
-)
+from ._common import CODEC_IDS, codec_consts, group_all_finite, hadamard_rows, launch_flags
+from ._tile import quantize_store, taco_prescale
 
 
 @triton.jit
@@ -39,42 +30,18 @@ def _compress_kernel(
     row_ok = rows < n_groups
     offs = rows[:, None] * G + tl.arange(0, G)[None, :]
     x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0).to(tl.float32)
-    CODE_MAX, _mbits, _emin, _sub = codec_consts(CODEC)
-
     finite = group_all_finite(x)
-    if not DUAL:  # TACO's RMS pre-scale (cancels mathematically; kept to reproduce its layout)
+    if DUAL:
+        pre = 1.0
+    else:  # TACO's RMS pre-scale (cancels mathematically; kept to reproduce its layout)
+        CODE_MAX, _mbits, _emin, _sub = codec_consts(CODEC)
         xs = tl.where(x == x, x, 0.0)
-        ms = tl.div_rn(tl.sum(xs * xs, axis=1), G * 1.0)
-        pre = tl.div_rn(CODE_MAX, tl.sqrt_rn(ms + 1e-6))
-        pre = tl.where(finite, tl.minimum(tl.maximum(pre, 1e-3), 1e3), 1.0)
+        pre = taco_prescale(tl.div_rn(tl.sum(xs * xs, axis=1), G * 1.0), finite, CODE_MAX)
         x = x * pre[:, None]
     if HADAMARD:
         x = hadamard_rows(x * (0.5 / G), GPS, G, DOT_PREC)
-    amax = tl.where(finite, tl.max(tl.abs(x), axis=1), 0.0)
-
-    if DUAL:
-        sb_amax = tl.max(amax, axis=0)
-        sb_scale = tl.div_rn(sb_amax, CODE_MAX)
-        ratio = tl.where(sb_amax > 0, tl.div_rn(amax, tl.where(sb_amax > 0, sb_amax, 1.0)), 0.0)
-        dcode = tl.where(finite, encode_ue4m4_ceil(ratio), 255)
-        sigma = sb_scale * decode_ue4m4(dcode)
-        tl.store(scale_a_ptr + pid, sb_scale)
-        tl.store(scale_b_ptr + rows, dcode.to(tl.uint8), mask=row_ok)
-    else:
-        sigma = tl.where(finite, tl.div_rn(amax, CODE_MAX), float("nan"))
-        tl.store(scale_a_ptr + rows, pre, mask=row_ok)
-        tl.store(scale_b_ptr + rows, sigma, mask=row_ok)
-
-    s = sigma[:, None]
-    ok = (s > 0) & (x == x) & (tl.abs(x) != float("inf"))
-    v = tl.where(ok, tl.div_rn(x, tl.where(ok, s, 1.0)), 0.0)
-    v = tl.minimum(tl.maximum(v, -CODE_MAX), CODE_MAX)
-    if ROUND == 2:
-        rand = random_bits(seed, offs)
-    else:
-        rand = 0
-    codes = encode_codes(v, rand, CODEC, ROUND, HW_CAST)
-    tl.store(codes_ptr + offs, codes, mask=row_ok[:, None])
+    quantize_store(x, finite, pre, pid, rows, row_ok, offs, codes_ptr, scale_a_ptr, scale_b_ptr, seed,
+                   CODEC, DUAL, ROUND, HW_CAST)
 
 
 def compress_triton(x: torch.Tensor, config: CompressionConfig, out: torch.Tensor | None = None) -> torch.Tensor:

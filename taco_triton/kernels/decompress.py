@@ -14,7 +14,8 @@ import triton.language as tl
 from ..config import CompressionConfig
 from ..layout import WireLayout
 from ._launch import launch_params
-from ._common import CODEC_IDS, decode_codes, decode_ue4m4, hadamard_rows, launch_flags, to_out_dtype
+from ._common import CODEC_IDS, hadamard_rows, launch_flags
+from ._tile import load_codes, store_dense
 
 
 @triton.jit
@@ -27,21 +28,14 @@ def _decompress_kernel(
     rows = pid * GPS + tl.arange(0, GPS)
     row_ok = rows < n_groups
     offs = rows[:, None] * G + tl.arange(0, G)[None, :]
-    codes = tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
-    if DUAL:
-        dcode = tl.load(scale_b_ptr + rows, mask=row_ok, other=0).to(tl.int32)
-        sigma = tl.load(scale_a_ptr + pid) * decode_ue4m4(dcode)
-    else:
-        sigma = tl.load(scale_b_ptr + rows, mask=row_ok, other=0.0)
-    vals = decode_codes(codes, CODEC, HW_CAST)
-    if HADAMARD:
+    vals, sigma, pre = load_codes(pid, rows, row_ok, offs, codes_ptr, scale_a_ptr, scale_b_ptr, CODEC, DUAL, HW_CAST)
+    if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
         y = hadamard_rows(vals, GPS, G, DOT_PREC) * (2.0 * sigma)[:, None]
     else:
         y = vals * sigma[:, None]
     if not DUAL:
-        y = tl.div_rn(y, tl.load(scale_a_ptr + rows, mask=row_ok, other=1.0)[:, None])
-    y = tl.where(y > out_max, out_max, tl.where(y < -out_max, -out_max, y))
-    tl.store(out_ptr + offs, to_out_dtype(y, out_ptr, HW_CAST), mask=offs < numel)
+        y = tl.div_rn(y, pre[:, None])
+    store_dense(y, out_ptr, offs, numel, out_max, HW_CAST)
 
 
 def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
