@@ -58,9 +58,8 @@ def _hadamard_matrix(g: int, dtype, device) -> torch.Tensor:
     i = torch.arange(g, device=device)
     v = i[:, None] & i[None, :]
     parity = torch.zeros_like(v)
-    while bool(v.any()):
-        parity ^= v & 1
-        v = v >> 1
+    for k in range(g.bit_length()):  # a fixed trip count, so torch.compile traces it without breaks
+        parity ^= (v >> k) & 1
     return (1 - 2 * parity).to(dtype)
 
 
@@ -177,10 +176,18 @@ def dual_scales(y: torch.Tensor, finite: torch.Tensor, spec: CodecSpec, groups_p
     return sb_scale, codes.to(torch.uint8), sigma
 
 
-def taco_prescale(groups: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
-    """TACO's adaptive pre-scale per group: clamp(code_max / sqrt(mean(x^2) + 1e-6), 1e-3, 1e3)."""
-    ms = (groups * groups).sum(dim=1) / groups.shape[1]
-    return torch.clamp(spec.code_max / torch.sqrt(ms + 1e-6), 1e-3, 1e3)
+def mean_square(groups: torch.Tensor) -> torch.Tensor:
+    """Per-group mean of squares, NaN/Inf elements counted as 0."""
+    finite = torch.where(torch.isfinite(groups), groups, 0.0)
+    return (finite * finite).sum(dim=1) / groups.shape[1]
+
+
+def taco_prescale(ms: torch.Tensor, finite: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
+    """TACO's adaptive pre-scale from a mean square: clamp(code_max / sqrt(ms + 1e-6), 1e-3, 1e3).
+
+    1 for non-finite groups.
+    """
+    return torch.where(finite, torch.clamp(spec.code_max / torch.sqrt(ms + 1e-6), 1e-3, 1e3), 1.0)
 
 
 def taco_scales(y: torch.Tensor, finite: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
@@ -236,16 +243,15 @@ def transform(x: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
     return hadamard_forward(groups) if config.hadamard else groups
 
 
-def compress_reference(x: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
-    """Compress `x` into its wire buffer (1-D uint8 of `WireLayout.of(x.numel(), config).nbytes`)."""
+def quantize_groups(
+    y: torch.Tensor, finite: torch.Tensor, pre: torch.Tensor | None, config: CompressionConfig, numel: int
+) -> torch.Tensor:
+    """Stages 3-4 on transformed groups y [n_groups, G]: the wire buffer of a `numel`-element tensor.
+
+    `pre` is TACO's pre-scale (already applied to y) for taco_fp32x2, None for dual scales.
+    """
     spec = CODEC_SPECS[config.codec]
-    layout = WireLayout.of(x.numel(), config)
-    groups = to_groups(x, config.group_size)
-    finite = group_finite(groups)
-    if config.scales == "taco_fp32x2":
-        pre = torch.where(finite, taco_prescale(torch.where(torch.isfinite(groups), groups, 0.0), spec), 1.0)
-        groups = groups * pre[:, None]
-    y = hadamard_forward(groups) if config.hadamard else groups
+    layout = WireLayout.of(numel, config)
     if config.scales == "dual":
         scale_a, scale_b, sigma = dual_scales(y, finite, spec, layout.groups_per_superblock)
     else:
@@ -257,12 +263,36 @@ def compress_reference(x: torch.Tensor, config: CompressionConfig) -> torch.Tens
         codes = encode_codes_bits(v, spec, "stochastic", random_bits(config.seed, idx))
     else:
         codes = encode_codes(v, spec)
-    data = alloc.empty(layout.nbytes, torch.uint8, x.device)
+    data = alloc.empty(layout.nbytes, torch.uint8, y.device)
     c, a, b = layout.split(data)
     c.copy_(codes)
     a.copy_(scale_a)
     b.copy_(scale_b)
     return data
+
+
+def compress_reference(x: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
+    """Compress `x` into its wire buffer (1-D uint8 of `WireLayout.of(x.numel(), config).nbytes`)."""
+    spec = CODEC_SPECS[config.codec]
+    groups = to_groups(x, config.group_size)
+    finite = group_finite(groups)
+    pre = None
+    if config.scales == "taco_fp32x2":
+        pre = taco_prescale(mean_square(groups), finite, spec)
+        groups = groups * pre[:, None]
+    y = hadamard_forward(groups) if config.hadamard else groups
+    return quantize_groups(y, finite, pre, config, x.numel())
+
+
+def load_codes(data: torch.Tensor, numel: int, config: CompressionConfig):
+    """(decoded codes [n_groups, G], group scales sigma [n_groups], pre-scales or None)."""
+    spec = CODEC_SPECS[config.codec]
+    layout = WireLayout.of(numel, config)
+    codes, a, b = layout.split(data)
+    if config.scales == "dual":
+        sb = a.repeat_interleave(layout.groups_per_superblock)[: layout.n_groups]
+        return decode_codes(codes, spec), sb * decode_ue4m4(b), None
+    return decode_codes(codes, spec), b, a
 
 
 def saturate_cast(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -275,19 +305,45 @@ def decompress_reference(
     data: torch.Tensor, numel: int, config: CompressionConfig, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """Inverse of `compress_reference`: a flat tensor of `numel` values of `dtype`."""
-    spec = CODEC_SPECS[config.codec]
-    layout = WireLayout.of(numel, config)
-    codes, a, b = layout.split(data)
-    if config.scales == "dual":
-        sb = a.repeat_interleave(layout.groups_per_superblock)[: layout.n_groups]
-        sigma = sb * decode_ue4m4(b)
-    else:
-        sigma = b
-    vals = decode_codes(codes, spec)
+    vals, sigma, pre = load_codes(data, numel, config)
     if config.hadamard:  # +-1 transform of the codes first, then one scale multiply per element
-        y = (vals @ hadamard_matrix(layout.group_size, device=vals.device)) * (2.0 * sigma)[:, None]
+        y = (vals @ hadamard_matrix(config.group_size, device=vals.device)) * (2.0 * sigma)[:, None]
     else:
         y = vals * sigma[:, None]
-    if config.scales == "taco_fp32x2":
-        y = y / a[:, None]
+    if pre is not None:
+        y = y / pre[:, None]
     return saturate_cast(y.reshape(-1)[:numel], dtype)
+
+
+def reduce_reference(
+    bufs: torch.Tensor, numel: int, config: CompressionConfig, scale: float = 1.0,
+    dense_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The collectives' fused step: dequantize P wire buffers of one chunk, sum, requantize.
+
+    bufs: [P, stride] uint8, row p holding rank p's wire buffer of the same `numel`-element chunk
+    in its first `nbytes`. The sum runs in FP32 over p = 0..P-1, in the transformed domain (the
+    Hadamard is linear, so no inverse/forward transform between sum and requantization), then is
+    multiplied by `scale` (1/P for "avg"). Returns the chunk's wire buffer, or with `dense_dtype`
+    its decompressed values (what reduce_scatter keeps).
+    """
+    nbytes = WireLayout.of(numel, config).nbytes
+    acc = None
+    for p in range(bufs.shape[0]):
+        vals, sigma, pre = load_codes(bufs[p, :nbytes], numel, config)
+        t = vals * sigma[:, None]
+        if pre is not None:
+            t = t / pre[:, None]
+        acc = t if acc is None else acc + t
+    acc = acc * scale
+    finite = group_finite(acc)
+    g = config.group_size
+    if dense_dtype is not None:
+        y = (acc @ hadamard_matrix(g, device=acc.device)) * 2.0 if config.hadamard else acc
+        return saturate_cast(y.reshape(-1)[:numel], dense_dtype)
+    pre = None
+    if config.scales == "taco_fp32x2":  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
+        ms = mean_square(acc) * (4.0 * g if config.hadamard else 1.0)
+        pre = taco_prescale(ms, finite, CODEC_SPECS[config.codec])
+        acc = acc * pre[:, None]
+    return quantize_groups(acc, finite, pre, config, numel)

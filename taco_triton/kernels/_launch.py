@@ -4,9 +4,13 @@ The tile itself is fixed by the format (one super-block per program), so what va
 many warps share it and how deeply loads are pipelined. Lookup order: the autotune cache
 (`autotune` package: shipped per-GPU files, then the user's cache, then online tuning when
 TACO_AUTOTUNE=online), then the heuristic below. In the interpreter every choice runs the same
-code, so the heuristic answers without looking anything up.
+code, so the heuristic answers without looking anything up. `forced` pins the parameters for a
+block of launches: the autotuner times each candidate through the ordinary wrappers this way.
 """
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import torch
 
@@ -20,8 +24,26 @@ def heuristic(kernel: str, config: CompressionConfig) -> dict:
     return {"num_warps": warps, "num_stages": 1}
 
 
+# A context variable, not a module global: a forced block in one thread (the tuner timing a
+# candidate) must not change the launches of another.
+_FORCED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("taco_forced_launch_params", default=None)
+
+
+@contextlib.contextmanager
+def forced(params: dict):
+    """Launch every fused kernel inside this block with `params` ({"num_warps": .., "num_stages": ..})."""
+    token = _FORCED.set(dict(params))
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
 def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config: CompressionConfig, numel: int) -> dict:
     """Launch parameters for `kernel` ("compress", "decompress", ...) on this problem."""
+    pinned = _FORCED.get()
+    if pinned is not None:
+        return pinned
     if device.type != "cuda" or interpreting():
         return heuristic(kernel, config)
     try:

@@ -46,6 +46,8 @@ def _compress_kernel(
 
 def compress_triton(x: torch.Tensor, config: CompressionConfig, out: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the fused compress kernel. `x` contiguous bf16/fp16/fp32; returns the wire buffer."""
+    if not x.is_contiguous():
+        raise ValueError(f"compress_triton needs a contiguous `x`, got strides {x.stride()} for shape {tuple(x.shape)}")
     layout = WireLayout.of(x.numel(), config)
     data = alloc.empty(layout.nbytes, torch.uint8, x.device) if out is None else out
     if layout.n_groups == 0:

@@ -40,6 +40,8 @@ def _decompress_kernel(
 
 def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
     """Launch the fused decompress kernel into `out` (contiguous bf16/fp16/fp32)."""
+    if not out.is_contiguous():
+        raise ValueError(f"decompress_triton needs a contiguous `out`, got strides {out.stride()} for shape {tuple(out.shape)}")
     layout = WireLayout.of(out.numel(), config)
     if layout.n_groups == 0:
         return out

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# The ONE script run on a GPU machine (H200: Python 3.12, torch 2.11, triton 3.6, pandas, pytest,
+# hypothesis; no registry access). It runs from the source tree without installing anything and
+# writes everything under $OUT (default ./gpu_out):
+#
+#   env.txt              nvidia-smi, Python and package versions, CUDA device, git commit
+#   pytest.log           TACO_TEST_DEVICE=cuda pytest tests (-x, not realdata)
+#   bench.log            output of the kernel benchmarks
+#   kernels_<dev>_<date>.csv            default config (fp8_e4m3, G=128, Hadamard), 1 MiB .. 1 GiB
+#   kernels_<dev>_<date>_variants.csv   int8 G=128 and fp8_e4m3 G=256 (as time allows)
+#   summary.json         status, rc and seconds of every step, plus a digest of the results
+#
+# That is 6 files: the device tool returns at most 8, two folders deep at most.
+# Every step runs under `timeout` and the script goes on when one fails; the whole run keeps
+# within GPU_CHECK_BUDGET_S seconds (default 400, well inside 8 minutes). summary.json is
+# rewritten after every step, so a killed run still leaves one.
+#
+# Usage:
+#   bash bench/gpu_check.sh             # on the GPU machine (OUT=... to choose the folder)
+#   bash bench/gpu_check.sh --dry-run   # anywhere (also DRY_RUN=1): prints each step it would run,
+#                                       # runs the benchmark in --quick CPU mode under
+#                                       # TRITON_INTERPRET=1 into a temporary $OUT
+# Environment: OUT, PYTHON (default python3; .venv/bin/python in a dry run when present),
+#   GPU_CHECK_BUDGET_S, DRY_RUN.
+set -uo pipefail
+
+DRY_RUN=${DRY_RUN:-0}
+[[ $DRY_RUN == 1 || $DRY_RUN == true || $DRY_RUN == yes ]] && DRY_RUN=1 || DRY_RUN=0
+for arg in "$@"; do
+  case $arg in
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (use --dry-run or --help)" >&2; exit 2 ;;
+  esac
+done
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO" || exit 2
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+if (( DRY_RUN )); then
+  OUT=$(mktemp -d "${TMPDIR:-/tmp}/taco_gpu_check.XXXXXX")
+  if [[ -z ${PYTHON:-} && -x $REPO/.venv/bin/python ]]; then PYTHON=$REPO/.venv/bin/python; fi
+else
+  OUT=${OUT:-./gpu_out}
+fi
+PY=${PYTHON:-python3}
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+export OUT
+
+BUDGET_S=${GPU_CHECK_BUDGET_S:-400}
+RESERVE_S=10                          # kept back for the final summary
+START_S=$(date +%s)
+STEPS=$(mktemp "${TMPDIR:-/tmp}/taco_gpu_steps.XXXXXX")   # one TSV line per step, outside $OUT
+trap 'rm -f "$STEPS"' EXIT
+
+log() { printf '[gpu_check %4ds] %s\n' "$(( $(date +%s) - START_S ))" "$*"; }
+
+# Writes $OUT/summary.json from the steps so far (called after every step).
+write_summary() {
+  STEPS_FILE=$STEPS DRY=$DRY_RUN BUDGET=$BUDGET_S ELAPSED=$(( $(date +%s) - START_S )) REPO=$REPO \
+    timeout 60 "$PY" - <<'PYEOF' || printf '{"error": "summary writer failed (python: %s)"}\n' "$PY" >"$OUT/summary.json"
+import csv, datetime, glob, json, os, re
+out = os.environ["OUT"]
+steps = []
+for line in open(os.environ["STEPS_FILE"]):
+    name, status, rc, secs, limit, logf, cmd = line.rstrip("\n").split("\t", 6)
+    steps.append(dict(name=name, status=status, rc=None if rc == "" else int(rc), seconds=int(secs),
+                      timeout_s=int(limit), log=logf, command=cmd))
+
+def pytest_digest():
+    p = os.path.join(out, "pytest.log")
+    if not os.path.exists(p):
+        return None
+    lines = [l.strip() for l in open(p, errors="replace") if l.strip() and not l.startswith(("=====", "$ "))]
+    tail = [l for l in lines if re.search(r"\b(passed|failed|error|errors|skipped|no tests ran)\b", l)]
+    fails = [l for l in lines if l.startswith(("FAILED", "ERROR"))]
+    return dict(result=tail[-1] if tail else (lines[-1] if lines else ""), failures=fails[:20])
+
+def f(v):
+    if v in ("", None):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return v
+    if x != x:
+        return None
+    return int(x) if x.is_integer() and abs(x) < 2**53 else round(x, 4)
+
+def bench_digest(path):
+    rows = list(csv.DictReader(open(path)))
+    keep = ("config", "numel", "input_bytes", "median_ms", "logical_gbps", "pct_of_copy",
+            "speedup_vs_eager", "speedup_vs_compile", "valid", "note")
+    res = dict(csv=os.path.basename(path), rows=len(rows), device=rows[0]["device"] if rows else None,
+               git_commit=rows[0]["git_commit"] if rows else None,
+               invalid=[f"{r['config']} {r['input_bytes']}B {r['kernel']}/{r['impl']}: {r['valid']} {r['note']}"
+                        for r in rows if r["valid"].startswith(("FAIL", "error"))],
+               copy_gbps={r["input_bytes"]: f(r["logical_gbps"]) for r in rows if r["impl"] == "copy"})
+    for kernel in ("compress", "decompress"):
+        res[kernel] = [{k: f(r[k]) for k in keep} | {"impl": r["impl"]}
+                       for r in rows if r["kernel"] == kernel and r["impl"] in ("triton", "compile")]
+    return res
+
+summary = dict(
+    script="bench/gpu_check.sh", dry_run=os.environ["DRY"] == "1",
+    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    elapsed_s=int(os.environ["ELAPSED"]), budget_s=int(os.environ["BUDGET"]), out=out,
+    ok=bool(steps) and all(s["status"] in ("ok", "dry-run", "skipped") for s in steps),
+    steps=steps, pytest=pytest_digest(),
+    bench=[bench_digest(p) for p in sorted(glob.glob(os.path.join(out, "kernels_*.csv")))],
+)
+tmp = os.path.join(out, ".summary.json.tmp")
+with open(tmp, "w") as fh:
+    json.dump(summary, fh, indent=1)
+os.replace(tmp, os.path.join(out, "summary.json"))
+PYEOF
+}
+
+record() {  # name status rc seconds limit log command
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$STEPS"
+  write_summary
+}
+
+# run_step MODE NAME CAP_S MIN_S LOGFILE -- COMMAND...
+#   MODE run:  run COMMAND under `timeout` (the smaller of CAP_S and the budget left); skip it when
+#              less than MIN_S seconds are left. Output is appended to $OUT/LOGFILE. An argument
+#              @BUDGET@ becomes the step's time limit less 20 s (for bench/kernels.py --time-budget).
+#   MODE plan: only print COMMAND (the GPU steps of a dry run).
+run_step() {
+  local mode=$1 name=$2 cap=$3 min=$4 logf=$5; shift 6
+  local left=$(( BUDGET_S - RESERVE_S - ($(date +%s) - START_S) ))
+  local limit=$(( cap < left ? cap : left ))
+  local inner=$(( limit > 40 ? limit - 20 : limit / 2 )) a args=()
+  [[ $mode == plan ]] && inner=$(( cap - 20 ))
+  for a in "$@"; do args+=("${a//@BUDGET@/$inner}"); done
+  set -- "${args[@]}"
+  local cmd; cmd=$(printf '%q ' "$@")
+  if [[ $mode == plan ]]; then
+    log "[$name] would run (timeout ${cap}s): $cmd > \$OUT/$logf"
+    record "$name" dry-run "" 0 "$cap" "$logf" "$cmd"
+    return 0
+  fi
+  if (( limit < min )); then
+    log "[$name] SKIPPED: ${left}s of the ${BUDGET_S}s budget left, step needs >= ${min}s"
+    record "$name" skipped "" 0 "$limit" "$logf" "$cmd"
+    return 0
+  fi
+  log "[$name] running (timeout ${limit}s): $cmd > \$OUT/$logf"
+  printf '\n===== [%s] %s (timeout %ss)\n$ %s\n' "$name" "$(date -u +%FT%TZ)" "$limit" "$cmd" >>"$OUT/$logf"
+  local t0; t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >>"$OUT/$logf" 2>&1
+  local rc=$?
+  local secs=$(( $(date +%s) - t0 )) status=ok
+  if (( rc == 124 || rc == 137 )); then status=timeout; elif (( rc != 0 )); then status=failed; fi
+  printf '===== [%s] %s: rc=%s after %ss\n' "$name" "$status" "$rc" "$secs" >>"$OUT/$logf"
+  log "[$name] $status (rc=$rc, ${secs}s)"
+  record "$name" "$status" "$rc" "$secs" "$limit" "$logf" "$cmd"
+}
+
+log "repo $REPO | OUT=$OUT | python $PY | budget ${BUDGET_S}s | dry-run=$DRY_RUN"
+GPU=run; (( DRY_RUN )) && GPU=plan
+
+# 1. The machine.
+run_step "$GPU" nvidia_smi 20 5 env.txt -- nvidia-smi
+run_step "$GPU" nvidia_smi_query 20 5 env.txt -- nvidia-smi \
+  --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu \
+  --format=csv
+run_step run python_env 60 5 env.txt -- "$PY" bench/kernels.py --print-env
+
+# 2. The test suite on the GPU.
+run_step "$GPU" pytest 170 30 pytest.log -- env TACO_TEST_DEVICE=cuda "$PY" -m pytest tests -q -x \
+  -k 'not realdata' -p no:cacheprovider --timeout 300
+
+# 3. The kernel benchmark: default config, 1 MiB .. 1 GiB of bf16.
+SIZES=1M,4M,16M,64M,256M,1G
+if (( DRY_RUN )); then
+  run_step plan bench_kernels 150 40 bench.log -- "$PY" bench/kernels.py --sizes "$SIZES" --time-budget @BUDGET@ --csv "$OUT/"
+  run_step run bench_kernels_cpu_quick 240 40 bench.log -- env TRITON_INTERPRET=1 "$PY" bench/kernels.py --quick \
+    --csv "$OUT/"
+else
+  run_step run bench_kernels 150 40 bench.log -- "$PY" bench/kernels.py --sizes "$SIZES" --time-budget @BUDGET@ \
+    --csv "$OUT/"
+fi
+
+# 4. Variants (int8, G=256) with the time that is left.
+run_step "$GPU" bench_variants 110 40 bench.log -- "$PY" bench/kernels.py --sizes "$SIZES" --time-budget @BUDGET@ \
+  --config int8:128 --config fp8_e4m3:256 --tag variants --csv "$OUT/"
+
+# 5. HOOK: the autotune sweep (a later issue) goes here, e.g.
+#    run_step "$GPU" autotune 120 60 autotune.log -- "$PY" -m autotune.sweep --csv "$OUT/"
+#    Keep $OUT within 8 files (6 are used above) and the total within GPU_CHECK_BUDGET_S.
+
+write_summary
+log "done in $(( $(date +%s) - START_S ))s; results in $OUT:"
+ls -l "$OUT" | sed 's/^/    /'
+if (( DRY_RUN )); then log "dry run: nothing ran on a GPU; the files above are CPU/interpreter output"; fi
+"$PY" -c 'import json, sys; s = json.load(open(sys.argv[1])); print("overall ok:", s.get("ok"))' "$OUT/summary.json" \
+  2>/dev/null || true
