@@ -12,6 +12,7 @@ Importing this package touches no GPU and does not require one.
 """
 from .calibrate import CalibrationResult, calibrate
 from .codec import compress, decompress
+from .collectives import WireStats, all_gather, all_reduce, reduce_scatter
 from .compressed import Compressed
 from .config import CODEC_SPECS, CodecSpec, CompressionConfig
 
@@ -21,8 +22,12 @@ __all__ = [
     "CodecSpec",
     "Compressed",
     "CompressionConfig",
+    "WireStats",
+    "all_gather",
+    "all_reduce",
     "calibrate",
     "compress",
     "decompress",
+    "reduce_scatter",
 ]
 __version__ = "0.1.0"

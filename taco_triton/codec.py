@@ -45,6 +45,8 @@ def compress(
     config = CompressionConfig() if config is None else config
     if not isinstance(config, CompressionConfig):
         raise TypeError(f"config must be a CompressionConfig or None, got {type(config).__name__}")
+    if not config.enabled:
+        raise ValueError("compress got a config with enabled=False: there is nothing to compress with it")
     data = ops.compress_op(x.contiguous(), *_fields(config), backend)
     c = Compressed(data, x.shape, x.dtype, config)
     if check_finite:

@@ -83,6 +83,8 @@ class CompressionConfig:
             two FP32 per group (8 bytes per group).
         rounding: "nearest" (round half to even) or "stochastic" (unbiased; for gradients).
         seed: seed of the counter-based random stream used by stochastic rounding.
+        enabled: False turns compression off where a config is consumed by the collectives (they
+            then run the native collective); `compress` refuses a disabled config.
 
     Example:
         >>> cfg = CompressionConfig(codec="int8", group_size=64)
@@ -96,6 +98,7 @@ class CompressionConfig:
     scales: str = "dual"
     rounding: str = "nearest"
     seed: int = 0
+    enabled: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("codec", self.codec, CODECS)
@@ -104,6 +107,8 @@ class CompressionConfig:
         _check_choice("rounding", self.rounding, ROUNDINGS)
         if not isinstance(self.hadamard, bool):
             raise ValueError(f"CompressionConfig.hadamard must be a bool, got {self.hadamard!r}")
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"CompressionConfig.enabled must be a bool, got {self.enabled!r}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
             raise ValueError(f"CompressionConfig.seed must be an int in [0, 2**31), got {self.seed!r}")
 

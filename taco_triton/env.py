@@ -5,6 +5,7 @@
 | TRITON_INTERPRET=1         | Triton's CPU interpreter; lets backend="triton" run on CPU     |
 |                            | tensors. Must be set before taco_triton.kernels is imported.   |
 | TACO_TRITON_POISON_ALLOC=1 | fill library-allocated outputs with NaN / 0xFF (tests)         |
+| TACO_TRITON_CHECK_COLLECTIVES=1 | collectives first compare shape/dtype/config across ranks |
 | TACO_AUTOTUNE=cached       | launch parameters of the kernels (`autotune` package):         |
 |                            | `cached` (default) reads the shipped per-GPU files and the     |
 |                            | user's cache; `online` also times every config on a miss and   |
@@ -36,14 +37,22 @@ def autotune_mode() -> str:
     """TACO_AUTOTUNE: "cached" (default), "online" or "off". A typo raises rather than silently tuning."""
     mode = os.environ.get("TACO_AUTOTUNE", "").strip().lower() or "cached"
     if mode not in AUTOTUNE_MODES:
-        raise ValueError(f"TACO_AUTOTUNE={os.environ['TACO_AUTOTUNE']!r} is not supported; allowed: {list(AUTOTUNE_MODES)}")
+        raise ValueError(
+            f"TACO_AUTOTUNE={os.environ['TACO_AUTOTUNE']!r} is not supported; allowed: {list(AUTOTUNE_MODES)}"
+        )
     return mode
 
 
 def autotune_cache_path() -> str:
-    """The user's autotune cache: TACO_AUTOTUNE_CACHE, else $XDG_CACHE_HOME (or ~/.cache)/taco_triton/autotune.json."""
+    """The user's autotune cache file: TACO_AUTOTUNE_CACHE, else
+    $XDG_CACHE_HOME (default ~/.cache)/taco_triton/autotune.json."""
     path = os.environ.get("TACO_AUTOTUNE_CACHE", "").strip()
     if path:
         return os.path.expanduser(path)
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "taco_triton", "autotune.json")
+
+
+def check_collectives() -> bool:
+    """True when collectives verify (shape, dtype, config, op) agree across ranks first."""
+    return os.environ.get("TACO_TRITON_CHECK_COLLECTIVES", "0") == "1"

@@ -107,3 +107,42 @@ def decompress_into_op(
 @decompress_into_op.register_fake
 def _(data, out, codec, group_size, hadamard, scales, rounding, seed, backend):
     return None
+
+
+# ----------------------------------------------------------------------------- collective helpers
+# Plain dispatchers (not torch ops) for the collectives: they write into preallocated slices of
+# send/receive buffers instead of allocating.
+def compress_into(x: torch.Tensor, config: CompressionConfig, out: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """Compress contiguous `x` into `out` (1-D uint8 of exactly the wire size)."""
+    if resolve_backend(backend, x.device) == "triton":
+        from .kernels.compress import compress_triton
+
+        return compress_triton(x, config, out=out)
+    out.copy_(reference.compress_reference(x, config))
+    return out
+
+
+def decompress_into(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
+    """Decompress a wire buffer into contiguous `out`."""
+    if resolve_backend(backend, data.device) == "triton":
+        from .kernels.decompress import decompress_triton
+
+        return decompress_triton(data, out, config)
+    out.view(-1).copy_(reference.decompress_reference(data, out.numel(), config, out.dtype))
+    return out
+
+
+def reduce_into(
+    bufs: torch.Tensor, numel: int, config: CompressionConfig, scale: float, *, out: torch.Tensor | None = None,
+    dense_out: torch.Tensor | None = None, backend: str = "auto",
+) -> torch.Tensor:
+    """Sum P ranks' wire buffers of one chunk ([P, stride] uint8): compressed into `out` or dense into `dense_out`."""
+    if resolve_backend(backend, bufs.device) == "triton":
+        from .kernels.reduce import reduce_triton
+
+        return reduce_triton(bufs, numel, config, scale, out=out, dense_out=dense_out)
+    if dense_out is not None:
+        dense_out.view(-1).copy_(reference.reduce_reference(bufs, numel, config, scale, dense_out.dtype))
+        return dense_out
+    data = reference.reduce_reference(bufs, numel, config, scale)
+    return data if out is None else out.copy_(data)

@@ -26,7 +26,7 @@ def heuristic(kernel: str, config: CompressionConfig) -> dict:
 
 # A context variable, not a module global: a forced block in one thread (the tuner timing a
 # candidate) must not change the launches of another.
-_FORCED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("taco_forced_launch_params", default=None)
+_FORCED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("taco_forced_launch", default=None)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,142 @@
+"""The launch-config space of each kernel, and the rules that prune it.
+
+The full space is num_warps in {1, 2, 4, 8, 16} x num_stages in {1, 2, 3, 4} (20 configs). The
+tile never changes: one program owns one super-block of 4096 elements (4096/G rows of G), so a
+config only decides how many threads share that tile and how deeply loads are pipelined. Three
+rules remove configs that cannot pay off; `--no-prune` in the sweep times the full space anyway,
+which is how the rules are checked on a GPU.
+
+1. Stages need a loop. Triton's software pipeliner only stages loads inside `for` loops; the
+   compress and decompress kernels have none (each program loads its tile once), so
+   num_stages = 2, 3, 4 compile to the same code as 1 and only multiply the sweep time. Kernels
+   registered with `pipelined=True` (a future fused reduce looping over ranks) keep all stages.
+
+2. Every thread must own at least one 16-byte vector of the tile: num_warps * 32 threads *
+   (16 / itemsize) elements <= 4096. More warps than that leave threads without a full vector
+   (or without any work) and add only scheduling overhead. With today's 4096-element tile this
+   bound is 16 warps for bf16/fp16 and 32 for fp32, so it removes nothing from {1..16}; it is
+   the rule that bites for a kernel registered with a smaller tile.
+
+3. No config whose estimated live registers exceed the hardware limit of 255 per thread (they
+   would spill to local memory). The estimate counts the values live at the kernel's peak, the
+   Hadamard `tl.dot`: the FP32 tile twice (the dot's operand and its result, or without the
+   transform the tile and its per-element offsets) plus the +-1 Hadamard operand(s) (G*G for
+   G <= 128; 16*16 + (G/16)^2 for the two-stage transform of G = 256, 512), spread over
+   num_warps * 32 threads. This removes 1 warp everywhere (2 tiles = 256 registers/thread) and
+   2 warps for G = 128 with Hadamard (384/thread). It is an estimate (the compiler can reuse
+   registers), so it only removes configs above the hard limit, never "probably slow" ones.
+
+The heuristic in `taco_triton.kernels._launch` always comes first and is never pruned, so a sweep
+or an online tuning can only match or beat the default. Under Triton's interpreter every config
+runs the same Python code, so the space collapses to the heuristic alone.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from taco_triton.config import SUPERBLOCK_ELEMS, CompressionConfig
+
+WARPS = (1, 2, 4, 8, 16)
+STAGES = (1, 2, 3, 4)
+VECTOR_BYTES = 16  # widest global load/store per thread on NVIDIA GPUs (ld.global.v4.b32)
+MAX_REGISTERS_PER_THREAD = 255  # hardware limit on every NVIDIA GPU since Kepler
+THREADS_PER_WARP = 32
+
+
+def heuristic(kernel: str, config: CompressionConfig) -> dict:
+    """The default the kernels use without a tuned config (taco_triton.kernels._launch.heuristic)."""
+    from taco_triton.kernels._launch import heuristic as _heuristic  # imports no Triton code
+
+    return _heuristic(kernel, config)
+
+
+def full_space() -> list[dict]:
+    """All 20 configs, fewest warps and stages first."""
+    return [{"num_warps": w, "num_stages": s} for w, s in itertools.product(WARPS, STAGES)]
+
+
+def hadamard_operand_elems(config: CompressionConfig) -> int:
+    """Elements of the +-1 matrices the Hadamard dot keeps live (0 without the transform)."""
+    g = config.group_size
+    if not config.hadamard:
+        return 0
+    return g * g if g <= 128 else 16 * 16 + (g // 16) ** 2
+
+
+def estimated_registers(config: CompressionConfig, num_warps: int, tile_elems: int = SUPERBLOCK_ELEMS) -> int:
+    """Rule 3's estimate of 32-bit registers per thread at the kernel's peak."""
+    live = 2 * tile_elems + hadamard_operand_elems(config)
+    threads = num_warps * THREADS_PER_WARP
+    return -(-live // threads)
+
+
+def prune_reason(
+    params: dict,
+    config: CompressionConfig,
+    dtype: torch.dtype,
+    *,
+    pipelined: bool = False,
+    tile_elems: int = SUPERBLOCK_ELEMS,
+) -> str | None:
+    """Why `params` is pruned for this problem (None: keep it). See the module docstring."""
+    w, s = params["num_warps"], params["num_stages"]
+    if s > 1 and not pipelined:
+        return "num_stages > 1: the kernel has no loop for the pipeliner to stage"
+    per_thread = VECTOR_BYTES // dtype.itemsize
+    if w * THREADS_PER_WARP * per_thread > tile_elems:
+        return (
+            f"{w} warps x 32 threads x {per_thread} elements (one 16-byte vector of {dtype}) "
+            f"> the {tile_elems}-element tile"
+        )
+    regs = estimated_registers(config, w, tile_elems)
+    if regs > MAX_REGISTERS_PER_THREAD:
+        return f"~{regs} live registers per thread > {MAX_REGISTERS_PER_THREAD} (would spill)"
+    return None
+
+
+def candidates(
+    kernel: str,
+    config: CompressionConfig,
+    dtype: torch.dtype,
+    *,
+    interpreter: bool,
+    prune: bool = True,
+) -> list[dict]:
+    """The configs to time for `kernel` on (config, dtype): the heuristic first, then the rest.
+
+    Args:
+        kernel: a name registered in `autotune.registry.KERNELS`.
+        interpreter: True under TRITON_INTERPRET=1, where the space collapses to the heuristic.
+        prune: apply the rules of the module docstring (False: the full 20-config space).
+    """
+    from .registry import spec  # local: registry imports this module
+
+    ks = spec(kernel, need_builder=False)
+    first = heuristic(kernel, config)
+    if interpreter:
+        return [first]
+    rest = [
+        p
+        for p in full_space()
+        if p != first
+        and (not prune or prune_reason(p, config, dtype, pipelined=ks.pipelined, tile_elems=ks.tile_elems) is None)
+    ]
+    return [first, *rest]
+
+
+def parse_configs(text: str) -> list[dict]:
+    """Parse "4:1,8:1" (num_warps:num_stages pairs) into configs, checked against the full space."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        try:
+            w, s = (int(v) for v in item.split(":"))
+        except ValueError:
+            raise ValueError(f"config {item!r} is not 'num_warps:num_stages', e.g. '4:1'") from None
+        if w not in WARPS or s not in STAGES:
+            raise ValueError(f"config {item!r} is outside the space: num_warps in {WARPS}, num_stages in {STAGES}")
+        out.append({"num_warps": w, "num_stages": s})
+    if not out:
+        raise ValueError(f"no configs in {text!r}")
+    return out

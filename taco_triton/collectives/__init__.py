@@ -1,0 +1,5 @@
+"""Compressed collectives over torch.distributed (gloo for CPU tensors, NCCL for CUDA tensors)."""
+from ._pg import WireCall, WireStats
+from .compressed import DEFAULT_MIN_BYTES, Pending, all_gather, all_reduce, reduce_scatter
+
+__all__ = ["DEFAULT_MIN_BYTES", "Pending", "WireCall", "WireStats", "all_gather", "all_reduce", "reduce_scatter"]

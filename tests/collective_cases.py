@@ -1,0 +1,204 @@
+"""Per-rank bodies of the collective tests (module-level so spawned processes can import them)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import taco_triton as taco
+from taco_triton import bounds, reference
+from taco_triton.config import SUPERBLOCK_ELEMS
+from taco_triton.layout import WireLayout
+
+SHAPES = [(37, 129), (5000,), (3, 4097)]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+CONFIGS = [taco.CompressionConfig(), taco.CompressionConfig(codec="int8"),
+           taco.CompressionConfig(codec="fp8_e5m2", hadamard=False, group_size=64)]
+
+
+def rank_input(rank: int, shape, dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    x = torch.randn(shape, generator=g)
+    x.view(-1)[:: 97] *= 50.0  # outliers
+    return x.to(dtype)
+
+
+def _gather_all(t: torch.Tensor, world: int) -> list[torch.Tensor]:
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t.contiguous())
+    return out
+
+
+def _chunks(n: int, p: int):
+    c = -(-(-(-n // p)) // SUPERBLOCK_ELEMS) * SUPERBLOCK_ELEMS
+    return [(min(j * c, n), min((j + 1) * c, n)) for j in range(p)]
+
+
+def two_quantization_bound(inputs: list[torch.Tensor], cfg, out_dtype, op: str) -> float:
+    """L2 bound on all_reduce's error: each rank's quantization + the requantized sum + FP32 sums.
+
+    Recomputes what the ranks sent with the reference (nearest rounding is deterministic), chunk by
+    chunk as the collective cuts them. Per chunk: the sum of the ranks' format bounds (the errors
+    add linearly), the requantization's format bound for the dequantized sum, and the FP32 sum of
+    P terms in the transformed domain (each term rounded once: (P + 2) u of sum_p ||x'_p||, since
+    the transform preserves L2 norms up to the factor it undoes), all times 1/P for "avg".
+    """
+    p = len(inputs)
+    scale = 1.0 / p if op == "avg" else 1.0
+    flats = [x.reshape(-1) for x in inputs]
+    total = 0.0
+    for a, b in _chunks(flats[0].numel(), p):
+        if b <= a:
+            continue
+        n = b - a
+        lay = WireLayout.of(n, cfg)
+        bufs = torch.zeros(p, -(-lay.nbytes // 16) * 16, dtype=torch.uint8)
+        deq = torch.zeros(n, dtype=torch.float64)
+        first, norms = 0.0, 0.0
+        for r, f in enumerate(flats):
+            data = reference.compress_reference(f[a:b], cfg)
+            bufs[r, : lay.nbytes] = data
+            first += bounds.l2_error_bound(f[a:b], taco.Compressed(data, torch.Size([n]), f.dtype, cfg), torch.float32)
+            d = reference.decompress_reference(data, n, cfg).double()
+            deq += d
+            norms += float(d.norm())
+        red = reference.reduce_reference(bufs, n, cfg, scale)
+        requant = bounds.l2_error_bound((deq * scale).float(), taco.Compressed(red, torch.Size([n]), out_dtype, cfg), out_dtype)
+        fp32_sums = (p + 3) * 2.0**-24 * norms
+        total += scale * (first + fp32_sums) + requant
+    return total
+
+
+def battery(rank: int, world: int, every: int = 1) -> dict:
+    """all_reduce over shapes x dtypes x codecs x (sync sum, async avg); every `every`-th case."""
+    report = {"cases": 0, "max_bound_use": 0.0}
+    seed = 0
+    for shape in SHAPES:
+        for dtype in DTYPES:
+            for cfg in CONFIGS:
+                for op, async_op in (("sum", False), ("avg", True)):
+                    seed += 1
+                    if (seed - 1) % every:
+                        continue
+                    x = rank_input(rank, shape, dtype, seed)
+                    inputs = _gather_all(x, world)
+                    exact = sum(t.double() for t in inputs) * (1.0 / world if op == "avg" else 1.0)
+                    t = x.clone()
+                    work = taco.all_reduce(t, config=cfg, op=op, async_op=async_op, min_bytes=0, pipeline=1)
+                    if async_op:
+                        assert work is not None and work.wait()
+                    results = _gather_all(t, world)
+                    assert all(torch.equal(r.view(torch.uint8), results[0].view(torch.uint8)) for r in results), "ranks differ"
+                    err = float((t.double() - exact).norm())
+                    bound = two_quantization_bound(inputs, cfg, dtype, op)
+                    assert err <= bound, (shape, dtype, cfg, op, err, bound)
+                    report["max_bound_use"] = max(report["max_bound_use"], err / bound)
+                    report["cases"] += 1
+    return report
+
+
+def reduce_scatter_and_all_gather(rank: int, world: int) -> dict:
+    used = 0.0
+    for i, (rows, cols) in enumerate([(3, 384), (1, 1000), (5, 129)]):
+        for dtype in DTYPES:
+            cfg = CONFIGS[i % len(CONFIGS)]
+            inp = rank_input(rank, (world * rows, cols), dtype, 100 + i)
+            out = torch.empty(rows, cols, dtype=dtype)
+            taco.reduce_scatter(out, inp, config=cfg, min_bytes=0, pipeline=2)
+            full = sum(t.double() for t in _gather_all(inp, world))
+            want = full[rank * rows : (rank + 1) * rows]
+            # one quantization per rank, then a dense sum: sum of the ranks' own L2 bounds + FP32 sum
+            bound = 0.0
+            for r, t in enumerate(_gather_all(inp, world)):
+                piece = t[rank * rows : (rank + 1) * rows].contiguous()
+                c = taco.compress(piece, cfg, backend="torch")
+                bound += bounds.l2_error_bound(piece, c, torch.float32)
+            bound += float(want.abs().norm()) * torch.finfo(dtype).eps + float(full.abs().norm()) * world * 2.0**-22
+            err = float((out.double() - want).norm())
+            assert err <= bound, ("reduce_scatter", rows, cols, dtype, err, bound)
+            used = max(used, err / bound)
+            # all_gather: every slice decompresses the owner's single compression; identical on all ranks
+            shard = rank_input(rank, (rows, cols), dtype, 200 + i)
+            out = torch.empty(world * rows, cols, dtype=dtype)
+            w = taco.all_gather(out, shard, config=cfg, async_op=True, min_bytes=0, pipeline=3)
+            w.wait()
+            shards = _gather_all(shard, world)
+            for r in range(world):
+                want = taco.decompress(taco.compress(shards[r], cfg, backend="torch"), backend="torch")
+                assert torch.equal(out[r * rows : (r + 1) * rows], want), ("all_gather", r)
+    return {"max_bound_use": used}
+
+
+def pipeline_depth_is_bitwise_irrelevant(rank: int, world: int) -> bool:
+    x = rank_input(rank, (3, 50000), torch.bfloat16, 7)
+    outs = []
+    for depth in (1, 2, 5, 16):
+        t = x.clone()
+        taco.all_reduce(t, min_bytes=0, pipeline=depth)
+        outs.append(t)
+    return all(torch.equal(o.view(torch.int16), outs[0].view(torch.int16)) for o in outs)
+
+
+def native_paths(rank: int, world: int) -> bool:
+    x = rank_input(rank, (17, 33), torch.float32, 3)
+    want = x.clone()
+    dist.all_reduce(want)
+    for kwargs in ({"config": taco.CompressionConfig(enabled=False), "min_bytes": 0}, {"min_bytes": 1 << 30}):
+        t = x.clone()
+        taco.all_reduce(t, **kwargs)
+        assert torch.equal(t, want)
+    t = x.clone()
+    taco.all_reduce(t, op="avg", min_bytes=1 << 30)
+    assert torch.allclose(t, want / world, rtol=0, atol=0)
+    i = torch.arange(6, dtype=torch.int64) + rank  # non-float dtypes always go native
+    taco.all_reduce(i, min_bytes=0)
+    assert torch.equal(i, sum(torch.arange(6) + r for r in range(world)))
+    return True
+
+
+def nan_propagates(rank: int, world: int) -> bool:
+    cfg = taco.CompressionConfig()
+    x = rank_input(rank, (8192,), torch.float32, 9)
+    if rank == world - 1:
+        x[300] = float("nan")
+    taco.all_reduce(x, config=cfg, min_bytes=0)
+    groups = x.view(-1, cfg.group_size)
+    bad = groups.isnan().all(dim=1)
+    return bool(bad[300 // 128]) and int(bad.sum()) == 1 and not bool(groups[~bad].isnan().any())
+
+
+def wire_bytes_ratio(rank: int, world: int) -> dict:
+    x = rank_input(rank, (64, 4096), torch.bfloat16, 11)
+    with taco.WireStats() as native:
+        taco.all_reduce(x.clone(), config=taco.CompressionConfig(enabled=False))
+    with taco.WireStats() as comp:
+        taco.all_reduce(x.clone(), min_bytes=0)
+    return {"native": native.wire_bytes, "compressed": comp.wire_bytes, "kinds": comp.by_kind()}
+
+
+def triton_backend(rank: int, world: int) -> bool:
+    x = rank_input(rank, (3, 4100), torch.bfloat16, 13)
+    a, b = x.clone(), x.clone()
+    taco.all_reduce(a, min_bytes=0, backend="triton", config=taco.CompressionConfig(hadamard=False))
+    taco.all_reduce(b, min_bytes=0, backend="torch", config=taco.CompressionConfig(hadamard=False))
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def mismatched_shapes(rank: int, world: int) -> str:
+    x = torch.randn(100 + rank)
+    try:
+        taco.all_reduce(x, min_bytes=0, check=True)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def peer_dies(rank: int, world: int) -> str:
+    if rank == 1:
+        import os
+
+        os._exit(0)  # a peer that dies without a word
+    try:
+        taco.all_reduce(torch.randn(5000), min_bytes=0)
+    except RuntimeError as e:
+        return f"RuntimeError: {e}"[:200]
+    return "no error"

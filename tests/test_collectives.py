@@ -1,0 +1,58 @@
+"""Compressed collectives on P gloo ranks (CPU processes): correctness, identity, bounds, edges."""
+import pytest
+import torch
+
+from . import collective_cases as cases
+from .dist_utils import run_ranks
+
+
+@pytest.mark.parametrize("world,every", [(2, 1), (3, 3), (4, 4)], ids=["P2-all", "P3-third", "P4-quarter"])
+def test_all_reduce_battery(world, every, record_property):
+    """Every shape x dtype x codec x (sync sum, async avg) at P=2; an evenly spread share at P=3, 4."""
+    reports = run_ranks(cases.battery, world, every)
+    n_all = len(cases.SHAPES) * len(cases.DTYPES) * len(cases.CONFIGS) * 2
+    assert reports[0]["cases"] == -(-n_all // every)
+    record_property("max_bound_use", max(r["max_bound_use"] for r in reports))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_reduce_scatter_and_all_gather(world):
+    run_ranks(cases.reduce_scatter_and_all_gather, world)
+
+
+def test_pipeline_depth_changes_nothing_bitwise():
+    assert all(run_ranks(cases.pipeline_depth_is_bitwise_irrelevant, 3))
+
+
+def test_native_paths_are_exactly_torch():
+    assert all(run_ranks(cases.native_paths, 3))
+
+
+def test_nan_in_one_rank_poisons_only_its_group_everywhere():
+    assert all(run_ranks(cases.nan_propagates, 2))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_wire_bytes_at_most_0_52_of_bf16(world):
+    r = run_ranks(cases.wire_bytes_ratio, world)[0]
+    assert r["compressed"] <= 0.52 * r["native"], r
+    assert set(r["kinds"]) == {"all_to_all", "all_gather"}
+
+
+def test_triton_kernels_in_the_collective_match_reference():
+    assert all(run_ranks(cases.triton_backend, 2))
+
+
+def test_rank_mismatch_is_a_clear_error():
+    msgs = run_ranks(cases.mismatched_shapes, 2)
+    assert all("ranks disagree" in m and "(100,)" in m and "(101,)" in m for m in msgs), msgs
+
+
+def test_dead_peer_raises_instead_of_hanging():
+    import time
+
+    t0 = time.monotonic()
+    results, errors = run_ranks(cases.peer_dies, 2, pg_timeout_s=5, timeout_s=90, allow_errors=True)
+    assert "without reporting" in errors[1]
+    assert results[0].startswith("RuntimeError"), results[0]
+    assert time.monotonic() - t0 < 60
