@@ -8,11 +8,12 @@
 #   bench.log            output of the kernel benchmarks
 #   kernels_<dev>_<date>.csv            default config (fp8_e4m3, G=128, Hadamard), 1 MiB .. 1 GiB
 #   kernels_<dev>_<date>_variants.csv   int8 G=128 and fp8_e4m3 G=256 (as time allows)
+#   sweep CSV, autotune.json             the autotune sweep (autotune.json -> autotune/tuned/<gpu>.json)
 #   summary.json         status, rc and seconds of every step, plus a digest of the results
 #
-# That is 6 files: the device tool returns at most 8, two folders deep at most.
+# That is 8 files: the device tool returns at most 8, two folders deep at most.
 # Every step runs under `timeout` and the script goes on when one fails; the whole run keeps
-# within GPU_CHECK_BUDGET_S seconds (default 400, well inside 8 minutes). summary.json is
+# within GPU_CHECK_BUDGET_S seconds (default 450, inside 8 minutes). summary.json is
 # rewritten after every step, so a killed run still leaves one.
 #
 # Usage:
@@ -50,7 +51,7 @@ mkdir -p "$OUT" || exit 2
 OUT=$(cd "$OUT" && pwd)
 export OUT
 
-BUDGET_S=${GPU_CHECK_BUDGET_S:-400}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-450}
 RESERVE_S=10                          # kept back for the final summary
 START_S=$(date +%s)
 STEPS=$(mktemp "${TMPDIR:-/tmp}/taco_gpu_steps.XXXXXX")   # one TSV line per step, outside $OUT
@@ -185,13 +186,15 @@ else
     --csv "$OUT/"
 fi
 
-# 4. Variants (int8, G=256) with the time that is left.
+# 4. The autotune sweep of the main shapes (hidden 4096 and 8192, 4096..65536 tokens, bf16, G=128):
+#    writes the sweep CSV and $OUT/autotune.json, which becomes autotune/tuned/<gpu>.json.
+run_step "$GPU" autotune 120 60 bench.log -- "$PY" -m autotune.sweep --kernel compress,decompress,reduce \
+  --shapes 4096x4096,16384x4096,65536x4096,4096x8192,65536x8192 --dtype bf16 --group-size 128 \
+  --time-budget @BUDGET@ --csv "$OUT/" --cache "$OUT/autotune.json"
+
+# 5. Variants (int8, G=256) with the time that is left. $OUT now holds 8 files: the device tool's limit.
 run_step "$GPU" bench_variants 110 40 bench.log -- "$PY" bench/kernels.py --sizes "$SIZES" --time-budget @BUDGET@ \
   --config int8:128 --config fp8_e4m3:256 --tag variants --csv "$OUT/"
-
-# 5. HOOK: the autotune sweep (a later issue) goes here, e.g.
-#    run_step "$GPU" autotune 120 60 autotune.log -- "$PY" -m autotune.sweep --csv "$OUT/"
-#    Keep $OUT within 8 files (6 are used above) and the total within GPU_CHECK_BUDGET_S.
 
 write_summary
 log "done in $(( $(date +%s) - START_S ))s; results in $OUT:"
