@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH_CPU)"; \
 	fi
-	$(PY) -m pip install -q -e ".[test,real]"
+	$(PY) -m pip install -q -e ".[test,real,megatron]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

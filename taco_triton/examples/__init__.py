@@ -1,0 +1,1 @@
+"""Runnable examples: `python -m taco_triton.examples.train_gpt --help`."""

@@ -1,0 +1,180 @@
+"""`CompressionPolicy`: which config each TP communication site uses, and a data-driven plan.
+
+A site is a named communication point: "<module name>.<role>" (for example
+"layers.3.mlp.fc2.reduce" or "layers.0.attn.qkv.copy"), in one direction ("forward" or
+"backward"). The policy answers `config_for(site, direction)` with a `CompressionConfig`, or
+None for the native collective.
+
+Data-driven plan: with `calibrate_steps=K > 0`, the first K training steps communicate with the
+default config while the policy keeps a few samples per site; at the end of step K, rank 0 runs
+`taco_triton.calibrate` per site, broadcasts the resulting plan so every rank uses the same one,
+freezes it, and saves it to `plan` (JSON). A later run that finds the file loads it instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+from ..calibrate import calibrate
+from ..collectives.compressed import DEFAULT_MIN_BYTES
+from ..config import CompressionConfig
+
+DIRECTIONS = ("forward", "backward")
+_PLAN_VERSION = 1
+
+
+def _key(site: str, direction: str) -> str:
+    return f"{site}|{direction}"
+
+
+@dataclass
+class CompressionPolicy:
+    """Per-site compression of tensor-parallel communication.
+
+    Args:
+        default: config for every site not exempt or overridden; None compresses nothing.
+        min_bytes: messages smaller than this run natively (see the collectives).
+        exempt: fnmatch patterns of site names that always communicate natively.
+        forward, backward: switch compression per direction.
+        overrides: pattern -> config for particular sites (first matching pattern wins).
+        plan: JSON path. If it exists it is loaded (and the plan frozen) at construction;
+            otherwise calibration writes it.
+        calibrate_steps: K > 0 collects samples for K steps, then calibrates every site.
+        max_bytes_per_element: the calibration budget (see `taco_triton.calibrate`).
+        samples_per_site: how many tensors per site calibration keeps.
+        comm_dtype: dtype activations and gradients are communicated in (None: their own).
+            torch.bfloat16 reproduces bf16 training's communication while computing in FP32.
+
+    Example:
+        >>> p = CompressionPolicy(exempt=["layers.0.*"], backward=False)
+        >>> p.config_for("layers.0.mlp.reduce", "forward") is None
+        True
+        >>> p.config_for("layers.1.mlp.reduce", "forward").codec
+        'fp8_e4m3'
+        >>> p.config_for("layers.1.mlp.reduce", "backward") is None
+        True
+    """
+
+    default: CompressionConfig | None = field(default_factory=CompressionConfig)
+    min_bytes: int = DEFAULT_MIN_BYTES
+    exempt: Sequence[str] = ()
+    forward: bool = True
+    backward: bool = True
+    overrides: Mapping[str, CompressionConfig] = field(default_factory=dict)
+    plan: str | os.PathLike | None = None
+    calibrate_steps: int = 0
+    max_bytes_per_element: float = 1.0625
+    samples_per_site: int = 4
+    comm_dtype: torch.dtype | None = None
+    _plan: dict = field(default_factory=dict, init=False, repr=False)
+    _frozen: bool = field(default=False, init=False, repr=False)
+    _samples: dict = field(default_factory=dict, init=False, repr=False)
+    _steps: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.default is not None and not isinstance(self.default, CompressionConfig):
+            raise TypeError(f"default must be a CompressionConfig or None, got {type(self.default).__name__}")
+        if isinstance(self.exempt, str):
+            raise TypeError("exempt must be a sequence of patterns, not a single string")
+        if self.comm_dtype not in (None, torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"comm_dtype must be None, bf16, fp16 or fp32, got {self.comm_dtype}")
+        if self.calibrate_steps < 0:
+            raise ValueError(f"calibrate_steps must be >= 0, got {self.calibrate_steps}")
+        if self.plan is not None and os.path.exists(self.plan):
+            self.load_plan(self.plan)
+
+    # ------------------------------------------------------------------ answering
+    @property
+    def frozen(self) -> bool:
+        """True once a plan is in force (loaded or calibrated)."""
+        return self._frozen
+
+    @property
+    def calibrating(self) -> bool:
+        return self.calibrate_steps > 0 and not self._frozen
+
+    def config_for(self, site: str, direction: str) -> CompressionConfig | None:
+        """The config for `site` in `direction`, or None for the native collective."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        if not (self.forward if direction == "forward" else self.backward):
+            return None
+        if any(fnmatch.fnmatchcase(site, pat) for pat in self.exempt):
+            return None
+        if self._frozen and _key(site, direction) in self._plan:
+            cfg = self._plan[_key(site, direction)]
+        else:
+            cfg = next((c for pat, c in self.overrides.items() if fnmatch.fnmatchcase(site, pat)), self.default)
+        return cfg if cfg is not None and cfg.enabled else None
+
+    # ------------------------------------------------------------------ calibration
+    def observe(self, site: str, direction: str, tensor: torch.Tensor) -> None:
+        """Keep a sample of what `site` communicates (only while calibrating; cheap otherwise)."""
+        if not self.calibrating or self.config_for(site, direction) is None:
+            return
+        bucket = self._samples.setdefault(_key(site, direction), [])
+        if len(bucket) < self.samples_per_site:
+            bucket.append(tensor.detach().to("cpu", torch.float32, copy=True))
+
+    def step(self, group=None) -> None:
+        """Call once per training step. At the end of step `calibrate_steps` the plan is decided on
+        rank 0 of `group`, broadcast, frozen and (if `plan` is a path) saved."""
+        if not self.calibrating:
+            return
+        self._steps += 1
+        if self._steps < self.calibrate_steps:
+            return
+        plan = self._calibrate_local()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            box = [plan]
+            dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+            plan = box[0]
+        self._plan, self._frozen, self._samples = plan, True, {}
+        if self.plan is not None and (not dist.is_initialized() or dist.get_rank(group) == 0):
+            self.save_plan(self.plan)
+
+    def _calibrate_local(self) -> dict:
+        plan = {}
+        for key, samples in sorted(self._samples.items()):
+            site, _, direction = key.rpartition("|")
+            base = self.config_for(site, direction) or CompressionConfig()  # keeps overrides' other fields
+            res = calibrate(samples, max_bytes_per_element=self.max_bytes_per_element, backend="torch")
+            plan[key] = base.replace(codec=res.config.codec, group_size=res.config.group_size, hadamard=res.config.hadamard)
+        return plan
+
+    # ------------------------------------------------------------------ persistence
+    def plan_dict(self) -> dict:
+        """The frozen plan as {"site|direction": config}."""
+        return dict(self._plan)
+
+    def save_plan(self, path) -> None:
+        doc = {"version": _PLAN_VERSION, "entries": {k: dataclasses.asdict(c) for k, c in sorted(self._plan.items())}}
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+    def load_plan(self, path) -> None:
+        """Load and freeze a plan saved by `save_plan`; ValueError on a malformed file."""
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+            if doc.get("version") != _PLAN_VERSION:
+                raise ValueError(f"plan version {doc.get('version')!r}, expected {_PLAN_VERSION}")
+            plan = {}
+            for key, cfg in doc["entries"].items():
+                site, _, direction = key.rpartition("|")
+                if not site or direction not in DIRECTIONS:
+                    raise ValueError(f"bad plan key {key!r}")
+                plan[key] = CompressionConfig.from_dict(cfg)
+        except (OSError, KeyError, TypeError, AttributeError, json.JSONDecodeError, ValueError) as e:
+            raise ValueError(f"cannot load compression plan {os.fspath(path)!r}: {e}") from None
+        self._plan, self._frozen = plan, True

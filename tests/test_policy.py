@@ -1,0 +1,77 @@
+"""CompressionPolicy: site rules (pure), plan files, and the policy driving real TP layers on gloo ranks."""
+import json
+
+import pytest
+import torch
+
+import taco_triton as taco
+from taco_triton.parallel import CompressionPolicy
+
+from . import parallel_cases as cases
+from .dist_utils import run_ranks
+
+INT8 = taco.CompressionConfig(codec="int8")
+
+
+def test_config_for_rules():
+    p = CompressionPolicy(exempt=["layers.0.*", "*.copy"], overrides={"*.fc2.*": INT8, "*.fc*": None})
+    assert p.config_for("layers.0.mlp.fc2.reduce", "forward") is None  # exempt beats override
+    assert p.config_for("layers.1.attn.qkv.copy", "backward") is None
+    assert p.config_for("layers.1.mlp.fc2.reduce", "forward") == INT8  # first matching override
+    assert p.config_for("layers.1.mlp.fc1.gather", "forward") is None  # an override to None
+    assert p.config_for("layers.1.attn.out.reduce", "forward") == taco.CompressionConfig()
+    assert CompressionPolicy(default=None).config_for("a.reduce", "forward") is None
+    assert CompressionPolicy(default=taco.CompressionConfig(enabled=False)).config_for("a.reduce", "forward") is None
+    assert CompressionPolicy(forward=False).config_for("a.reduce", "forward") is None
+    assert CompressionPolicy(backward=False).config_for("a.copy", "backward") is None
+    with pytest.raises(ValueError, match="direction must be one of"):
+        p.config_for("a.reduce", "sideways")
+    with pytest.raises(TypeError, match="single string"):
+        CompressionPolicy(exempt="layers.0.*")
+
+
+def test_single_process_calibration_saves_and_loads(tmp_path):
+    path = tmp_path / "plan.json"
+    p = CompressionPolicy(calibrate_steps=2, plan=path)
+    for step in range(2):
+        p.observe("a.reduce", "forward", torch.randn(8, 256))  # small: calibration tries 30 configs
+        p.observe("a.reduce", "backward", torch.randn(8, 256))
+        p.step()
+    assert p.frozen and path.exists()
+    q = CompressionPolicy(plan=path)
+    assert q.frozen and q.plan_dict() == p.plan_dict() and set(q.plan_dict()) == {"a.reduce|forward", "a.reduce|backward"}
+
+
+_ENTRY = taco.CompressionConfig().to_dict()
+MALFORMED = {
+    "not_json": "{not json",
+    "wrong_version": json.dumps({"version": 99, "entries": {}}),
+    "no_entries": json.dumps({"version": 1}),
+    "key_without_direction": json.dumps({"version": 1, "entries": {"a.reduce": _ENTRY}}),
+    "bad_direction": json.dumps({"version": 1, "entries": {"a.reduce|sideways": _ENTRY}}),
+    "unknown_field": json.dumps({"version": 1, "entries": {"a.reduce|forward": {**_ENTRY, "bogus": 1}}}),
+    "bad_codec": json.dumps({"version": 1, "entries": {"a.reduce|forward": {**_ENTRY, "codec": "fp9"}}}),
+    "entry_not_object": json.dumps({"version": 1, "entries": {"a.reduce|forward": 3}}),
+    "top_level_list": "[]",
+    "entries_list": json.dumps({"version": 1, "entries": []}),
+}
+
+
+@pytest.mark.parametrize("text", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_malformed_plan_file_is_value_error(tmp_path, text):
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="cannot load compression plan"):
+        CompressionPolicy(plan=path)
+
+
+def test_policy_drives_the_layers_on_two_ranks(tmp_path):
+    """Exemptions, forward/backward switches, min_bytes, overrides (checked through WireStats and
+    bitwise against direct collectives), then calibration: frozen after exactly 2 steps, the same
+    plan on both ranks although they would choose differently (rank 0's choice), saved and loaded."""
+    path = str(tmp_path / "plan.json")
+    reports = run_ranks(cases.policy_battery, 2, path)
+    cal = reports[0]["calibration"]
+    assert cal == reports[1]["calibration"]
+    saved = json.loads(open(path).read())
+    assert saved["version"] == 1 and set(saved["entries"]) == {"cal.reduce|forward", "cal.copy|backward"}
