@@ -151,6 +151,40 @@ def _slots(numels, config):
     return lays, strides
 
 
+def _pipeline(pieces, stages) -> Iterator[None]:
+    """Software pipeline over pieces: piece k enters stages[0] (which launches its communication)
+    while piece k-1 moves through stages[1], and so on; each stage returns the next one's input.
+    Yields after each launch, so an async handle returns with the first message in flight. The
+    order of collectives is a pure function of the pieces: the same on every rank."""
+    queues = [deque() for _ in stages]
+
+    def advance(i):  # run stage i on the oldest waiting state
+        out = stages[i](queues[i].popleft())
+        if i + 1 < len(stages):
+            queues[i + 1].append(out)
+
+    for k, piece in enumerate(pieces):
+        queues[0].append((k, piece))
+        advance(0)
+        yield
+        for i in range(1, len(stages)):
+            if len(queues[i]) > 1:
+                advance(i)
+    for i in range(1, len(stages)):
+        while queues[i]:
+            advance(i)
+
+
+def _launch_all_to_all(flat, k, piece, config, group, p, rank, call, backend):
+    """Compress piece j of every chunk into one send buffer; chunk `rank` of every rank comes back."""
+    numels = [b - a for a, b in piece]
+    lays, strides = _slots(numels, config)
+    send = _compress_pieces(flat, piece, config, strides, rank, call, k, backend)
+    recv = torch.empty(p * strides[rank], dtype=torch.uint8, device=flat.device)
+    work = _pg.all_to_all(recv, send, [strides[rank]] * p, strides, group, True)
+    return piece, lays, strides, send, recv, work
+
+
 def _compress_pieces(flat, piece, config, strides, rank, call, k, backend):
     """One send buffer holding every piece's wire bytes, each in its 16-byte-aligned slot."""
     send = torch.empty(sum(strides), dtype=torch.uint8, device=flat.device)
@@ -201,16 +235,9 @@ def _all_reduce_steps(tensor, group, config, op, pipeline, backend, p) -> Iterat
     c = _round_up(-(-n // p), SUPERBLOCK_ELEMS)
     chunks = [(min(j * c, n), min((j + 1) * c, n)) for j in range(p)]
     scale = 1.0 / p if op == "avg" else 1.0
-    in_flight: deque = deque()
-    reduced: deque = deque()
 
-    def launch(k, piece):
-        numels = [b - a for a, b in piece]
-        lays, strides = _slots(numels, config)
-        send = _compress_pieces(flat, piece, config, strides, rank, call, k, backend)
-        recv = torch.empty(p * strides[rank], dtype=torch.uint8, device=flat.device)
-        work = _pg.all_to_all(recv, send, [strides[rank]] * p, strides, group, True)
-        return piece, lays, strides, send, recv, work
+    def launch(kp):
+        return _launch_all_to_all(flat, *kp, config, group, p, rank, call, backend)
 
     def reduce(state):
         piece, lays, strides, send, recv, work = state
@@ -231,17 +258,7 @@ def _all_reduce_steps(tensor, group, config, op, pipeline, backend, p) -> Iterat
             if lay.nbytes:
                 ops.decompress_into(gathered[j * slot : j * slot + lay.nbytes], flat[a:b], config, backend)
 
-    for k, piece in enumerate(_pieces(chunks, _depth(n * flat.element_size(), pipeline))):
-        in_flight.append(launch(k, piece))
-        yield
-        if len(in_flight) > 1:
-            reduced.append(reduce(in_flight.popleft()))
-        if len(reduced) > 1:
-            finish(reduced.popleft())
-    while in_flight:
-        reduced.append(reduce(in_flight.popleft()))
-    while reduced:
-        finish(reduced.popleft())
+    yield from _pipeline(_pieces(chunks, _depth(n * flat.element_size(), pipeline)), [launch, reduce, finish])
     if copy_back is not None:
         copy_back.copy_(flat.view_as(copy_back))
 
@@ -274,14 +291,9 @@ def _reduce_scatter_steps(output, input, group, config, op, pipeline, backend, p
     m = out_flat.numel()
     chunks = [(j * m, (j + 1) * m) for j in range(p)]
     scale = 1.0 / p if op == "avg" else 1.0
-    in_flight: deque = deque()
 
-    def launch(k, piece):
-        numels = [b - a for a, b in piece]
-        lays, strides = _slots(numels, config)
-        send = _compress_pieces(flat_in, piece, config, strides, rank, call, k, backend)
-        recv = torch.empty(p * strides[rank], dtype=torch.uint8, device=flat_in.device)
-        return piece, lays, strides, send, recv, _pg.all_to_all(recv, send, [strides[rank]] * p, strides, group, True)
+    def launch(kp):
+        return _launch_all_to_all(flat_in, *kp, config, group, p, rank, call, backend)
 
     def finish(state):
         piece, lays, strides, send, recv, work = state
@@ -291,13 +303,7 @@ def _reduce_scatter_steps(output, input, group, config, op, pipeline, backend, p
         if hi > lo:
             ops.reduce_into(recv.view(p, strides[rank]), hi - lo, config, scale, dense_out=out_flat[lo:hi], backend=backend)
 
-    for k, piece in enumerate(_pieces(chunks, _depth(m * out_flat.element_size() * p, pipeline))):
-        in_flight.append(launch(k, piece))
-        yield
-        if len(in_flight) > 1:
-            finish(in_flight.popleft())
-    while in_flight:
-        finish(in_flight.popleft())
+    yield from _pipeline(_pieces(chunks, _depth(m * out_flat.element_size() * p, pipeline)), [launch, finish])
     if copy_back is not None:
         copy_back.copy_(out_flat.view_as(copy_back))
 
@@ -326,9 +332,9 @@ def _all_gather_steps(output, input, group, config, pipeline, backend, p) -> Ite
     flat_in = input.contiguous().view(-1)
     out_flat, copy_back = _flat_inplace(output)
     m = flat_in.numel()
-    in_flight: deque = deque()
 
-    def launch(k, piece):
+    def launch(kp):
+        k, piece = kp
         (a, b), = piece
         lay = WireLayout.of(b - a, config)
         slot = _round_up(lay.nbytes, _ALIGN)
@@ -342,13 +348,7 @@ def _all_gather_steps(output, input, group, config, pipeline, backend, p) -> Ite
         for j in range(p):
             ops.decompress_into(gathered[j * slot : j * slot + lay.nbytes], out_flat[j * m + a : j * m + b], config, backend)
 
-    for k, piece in enumerate(_pieces([(0, m)], _depth(m * flat_in.element_size() * p, pipeline))):
-        if piece[0][1] > piece[0][0]:
-            in_flight.append(launch(k, piece))
-        yield
-        if len(in_flight) > 1:
-            finish(in_flight.popleft())
-    while in_flight:
-        finish(in_flight.popleft())
+    pieces = [pc for pc in _pieces([(0, m)], _depth(m * flat_in.element_size() * p, pipeline)) if pc[0][1] > pc[0][0]]
+    yield from _pipeline(pieces, [launch, finish])
     if copy_back is not None:
         copy_back.copy_(out_flat.view_as(copy_back))

@@ -7,7 +7,7 @@ Python standard library's sources, last 10% held out for validation). Prints los
 per step and step time side by side; `--csv` writes every logged step. On CPU the ranks are
 processes talking over gloo; on a machine with >= tp GPUs they use NCCL.
 
-Modes: none (native bf16/fp32 collectives), fp8 (the default config: E4M3, G=128, Hadamard),
+Modes: none (native bf16 collectives), fp8 (the default config: E4M3, G=128, Hadamard),
 int8 (INT8, G=128, Hadamard), auto (the policy calibrates every site on the first
 --calibrate-steps steps, then freezes the plan; saved with --plan).
 """
@@ -31,15 +31,17 @@ MODES = ("none", "fp8", "int8", "auto")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def make_policy(mode: str, args) -> CompressionPolicy | None:
+def make_policy(mode: str, args) -> CompressionPolicy:
+    """The policy of a mode. Every mode communicates bf16 (the baseline is bf16, never fp32)."""
+    common = dict(min_bytes=args.min_bytes, comm_dtype=torch.bfloat16)
     if mode == "none":
-        return None
+        return CompressionPolicy(default=None, **common)
     if mode == "fp8":
-        return CompressionPolicy(default=taco.CompressionConfig(), min_bytes=args.min_bytes)
+        return CompressionPolicy(default=taco.CompressionConfig(), **common)
     if mode == "int8":
-        return CompressionPolicy(default=taco.CompressionConfig(codec="int8"), min_bytes=args.min_bytes)
+        return CompressionPolicy(default=taco.CompressionConfig(codec="int8"), **common)
     if mode == "auto":
-        return CompressionPolicy(min_bytes=args.min_bytes, calibrate_steps=args.calibrate_steps, plan=args.plan)
+        return CompressionPolicy(calibrate_steps=args.calibrate_steps, plan=args.plan, **common)
     raise ValueError(f"--compress modes are {MODES}, got {mode!r}")
 
 
@@ -71,10 +73,11 @@ def _train(rank, world, mode, args, device) -> list[dict]:
     policy = make_policy(mode, args)
     model = TinyGPT(args.layers, args.hidden, args.heads, args.ffn, args.seq, policy=policy,
                     sequence_parallel=args.sequence_parallel).to(device)
-    # Mixed precision as in Megatron: the model (so every activation and gradient it
-    # communicates) in bf16, the optimizer on FP32 master weights.
+    # Communication is bf16 in every mode (the policy's comm_dtype). Compute is FP32 by default
+    # (fast on CPUs); --compute-dtype bf16 runs the model in bf16 on FP32 master weights, as
+    # Megatron does.
     master = [p.detach().clone().float().requires_grad_(True) for p in model.parameters()]
-    model.to(DTYPES[args.dtype])
+    model.to(DTYPES[args.compute_dtype])
     opt = torch.optim.AdamW(master, lr=args.lr, weight_decay=0.01)
     data = TextBatches(stdlib_bytes(args.data_bytes), args.seq)
     gen = torch.Generator().manual_seed(args.seed + 1)  # every rank of the TP group sees the same batch
@@ -102,8 +105,7 @@ def _train(rank, world, mode, args, device) -> list[dict]:
         with torch.no_grad():
             for m, p in zip(master, model.parameters()):
                 p.copy_(m)
-        if policy is not None:
-            policy.step()
+        policy.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -118,7 +120,7 @@ def _train(rank, world, mode, args, device) -> list[dict]:
         if rank == 0 and args.verbose and (step % args.eval_every == 0 or step == args.steps):
             print(f"  [{mode}] step {step:4d}  train {row['train_loss']:.4f}  val {row['val_loss']:.4f}  "
                   f"wire {row['wire_bytes'] / 2**20:.2f} MiB  {row['step_ms']:.0f} ms", flush=True)
-    if policy is not None and policy.frozen and rank == 0 and args.verbose:
+    if policy.frozen and rank == 0 and args.verbose:
         print(f"  [{mode}] frozen plan: {len(policy.plan_dict())} sites, codecs "
               f"{sorted({(c.codec, c.group_size, c.hadamard) for c in policy.plan_dict().values()})}")
     return rows
@@ -190,7 +192,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--min-bytes", type=int, default=0, help="compress messages of at least this many bytes")
     ap.add_argument("--calibrate-steps", type=int, default=5)
     ap.add_argument("--plan", default=None, help="JSON path for the auto mode's plan")
-    ap.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="model and communication dtype")
+    ap.add_argument("--compute-dtype", choices=list(DTYPES), default="fp32",
+                    help="model dtype (communication is bf16 in every mode)")
     ap.add_argument("--sequence-parallel", action="store_true")
     ap.add_argument("--pg-timeout", type=float, default=300)
     ap.add_argument("--csv", default=None)
