@@ -142,7 +142,9 @@ def native_paths(rank: int, world: int) -> bool:
     x = rank_input(rank, (17, 33), torch.float32, 3)
     want = x.clone()
     dist.all_reduce(want)
-    for kwargs in ({"config": taco.CompressionConfig(enabled=False), "min_bytes": 0}, {"min_bytes": 1 << 30}):
+    # disabled config; a message under min_bytes; and the CPU default (the torch reference codec
+    # is slower than every link measured, so min_bytes=None stays native on CPU tensors)
+    for kwargs in ({"config": taco.CompressionConfig(enabled=False), "min_bytes": 0}, {"min_bytes": 1 << 30}, {}):
         t = x.clone()
         taco.all_reduce(t, **kwargs)
         assert torch.equal(t, want)

@@ -28,7 +28,10 @@ from ..env import check_collectives
 from ..layout import WireLayout
 from . import _pg
 
-#: Messages below this many bytes go through the native collective (see README: measured).
+#: Messages below this many bytes go through the native collective when the codec runs on a GPU.
+#: Not yet measured on GPUs (TACO's authors use 10 MiB); see README. On CPU tensors the codec is the
+#: torch reference (~14 MB/s per core measured, bench/collectives.py), slower than the link at
+#: every size for links >= 0.25 Gbit/s, so there the default is native unless min_bytes is given.
 DEFAULT_MIN_BYTES = 1 << 20
 #: Each pipeline slice of "auto" depth carries at least this many input bytes.
 AUTO_SLICE_BYTES = 8 << 20
@@ -54,6 +57,8 @@ class Pending:
             pass
 
     def wait(self, timeout=None) -> bool:
+        """Finish the pipeline. `timeout` is accepted for Work compatibility; the process
+        group's own timeout bounds each communication."""
         if not self._done:
             self._advance(None)
             self._done = True
@@ -101,7 +106,7 @@ def _salted(cfg: CompressionConfig, *salt: int) -> CompressionConfig:
     return cfg.replace(seed=h)
 
 
-def _prepare(kind, tensors, group, config, op, min_bytes, check):
+def _prepare(kind, tensors, group, config, op, min_bytes, check, backend):
     config = CompressionConfig() if config is None else config
     if not isinstance(config, CompressionConfig):
         raise TypeError(f"config must be a CompressionConfig or None, got {type(config).__name__}")
@@ -114,9 +119,12 @@ def _prepare(kind, tensors, group, config, op, min_bytes, check):
     if do_check:
         sig = (kind, tuple(tuple(t.shape) for t in tensors), str(tensors[0].dtype), config, op)
         _pg.check_same_across_ranks(kind, sig, group)
-    threshold = DEFAULT_MIN_BYTES if min_bytes is None else min_bytes
-    t0 = tensors[-1]
-    compress = config.enabled and t0.dtype in INPUT_DTYPES and t0.numel() * t0.element_size() >= threshold
+    message = max(tensors, key=lambda t: t.numel())  # the whole buffer: comparable across collectives
+    if min_bytes is None:
+        if ops.resolve_backend(backend, message.device) == "torch":
+            return config, False  # the CPU reference codec is slower than any link we measured
+        min_bytes = DEFAULT_MIN_BYTES
+    compress = config.enabled and message.dtype in INPUT_DTYPES and message.numel() * message.element_size() >= min_bytes
     return config, compress
 
 
@@ -209,7 +217,11 @@ def all_reduce(
         tensor: any shape; bf16/fp16/fp32 are compressed, other dtypes run natively.
         group: process group (None: the default group).
         config: `CompressionConfig` (None: the default). `enabled=False`, or a message smaller
-            than `min_bytes` (default `DEFAULT_MIN_BYTES`), runs the native collective.
+            than `min_bytes`, runs the native collective. The message is the whole buffer
+            (all_reduce: the tensor; reduce_scatter: the input; all_gather: the output).
+        min_bytes: None means `DEFAULT_MIN_BYTES` where the codec runs on a GPU, and native
+            collectives where it would be the torch reference on CPU (measured slower than
+            the link at every size for links >= 0.25 Gbit/s); pass an int to compress anyway.
         op: "sum" or "avg".
         async_op: return a handle whose `wait()` completes the operation.
         pipeline: slices in flight ("auto" or 1..16): compression of one overlaps the
@@ -220,7 +232,7 @@ def all_reduce(
 
     Every rank ends with bitwise-identical values. Groups that held NaN/Inf on any rank are NaN.
     """
-    config, compress = _prepare("all_reduce", [tensor], group, config, op, min_bytes, check)
+    config, compress = _prepare("all_reduce", [tensor], group, config, op, min_bytes, check, backend)
     p = dist.get_world_size(group)
     if not compress or p == 1:
         red, divide = _native_op(op, group)
@@ -276,7 +288,7 @@ def reduce_scatter(
             f"reduce_scatter: input must have world_size ({p}) times the output's elements and its dtype; "
             f"got input {tuple(input.shape)} {input.dtype}, output {tuple(output.shape)} {output.dtype}"
         )
-    config, compress = _prepare("reduce_scatter", [output, input], group, config, op, min_bytes, check)
+    config, compress = _prepare("reduce_scatter", [output, input], group, config, op, min_bytes, check, backend)
     if not compress or p == 1:
         red, divide = _native_op(op, group)
         return _native(lambda a: _pg.reduce_scatter(output, input.contiguous(), red, group, a),
@@ -321,7 +333,7 @@ def all_gather(
             f"all_gather: output must have world_size ({p}) times the input's elements and its dtype; "
             f"got input {tuple(input.shape)} {input.dtype}, output {tuple(output.shape)} {output.dtype}"
         )
-    config, compress = _prepare("all_gather", [output, input], group, config, "sum", min_bytes, check)
+    config, compress = _prepare("all_gather", [output, input], group, config, "sum", min_bytes, check, backend)
     if not compress or p == 1:
         return _native(lambda a: _pg.all_gather(output, input.contiguous(), group, a), None, p, async_op)
     return _run(_all_gather_steps(output, input, group, config, pipeline, backend, p), async_op)
