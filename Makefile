@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-thorough bench clean
+.PHONY: demo test test-thorough bench notebooks clean
 
 $(STAMP): pyproject.toml Makefile
 	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH_CPU)"; \
 	fi
-	$(PY) -m pip install -q -e ".[test,real,megatron]"
+	$(PY) -m pip install -q -e ".[test,real,megatron,notebooks]"
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,6 +27,9 @@ test: $(STAMP)
 
 test-thorough: $(STAMP)
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q
+
+notebooks: $(STAMP)
+	$(PY) notebooks/run_all.py
 
 bench: $(STAMP)
 	$(PY) bench/kernels.py

@@ -22,7 +22,8 @@ TOOLS = ("nbclient", "nbformat", "ipykernel", "matplotlib")
 MISSING = [m for m in TOOLS if importlib.util.find_spec(m) is None]
 
 pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"notebook tooling not installed ({', '.join(MISSING)}): pip install -e '.[notebooks]'")
+    bool(MISSING),
+    reason=f"notebook tooling not installed ({', '.join(MISSING)}): pip install -e '.[notebooks]'")
 
 
 def _run_all():

@@ -215,6 +215,13 @@ def main(argv=None):
     df, summary = summarize(rows)
     print(summary.round(4).to_string())
     if args.csv:
+        import platform
+        import subprocess
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        df["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        df["machine"], df["commit"] = platform.node() or "unknown", commit or "unknown"
+        df["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
         df.to_csv(args.csv, index=False)
     return df, summary
 
