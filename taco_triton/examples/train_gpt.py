@@ -10,6 +10,9 @@ processes talking over gloo; on a machine with >= tp GPUs they use NCCL.
 Modes: none (native bf16 collectives), fp8 (the default config: E4M3, G=128, Hadamard),
 int8 (INT8, G=128, Hadamard), auto (the policy calibrates every site on the first
 --calibrate-steps steps, then freezes the plan; saved with --plan).
+
+--megatron trains megatron-core's GPTModel instead (TP via megatron, its communication routed
+through taco_triton by `integrations.megatron.enable`; see train_megatron.py).
 """
 from __future__ import annotations
 
@@ -69,6 +72,10 @@ def train_rank(rank: int, world: int, port: int, mode: str, args, queue=None) ->
 
 
 def _train(rank, world, mode, args, device) -> list[dict]:
+    if getattr(args, "megatron", False):
+        from taco_triton.examples.train_megatron import train_rank_megatron
+
+        return train_rank_megatron(rank, world, mode, args, device)
     torch.manual_seed(args.seed)  # identical replicated weights and the same full TP matrices
     policy = make_policy(mode, args)
     model = TinyGPT(args.layers, args.hidden, args.heads, args.ffn, args.seq, policy=policy,
@@ -195,6 +202,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--compute-dtype", choices=list(DTYPES), default="fp32",
                     help="model dtype (communication is bf16 in every mode)")
     ap.add_argument("--sequence-parallel", action="store_true")
+    ap.add_argument("--megatron", action="store_true",
+                    help="train megatron-core's GPTModel instead (see taco_triton/examples/train_megatron.py)")
     ap.add_argument("--pg-timeout", type=float, default=300)
     ap.add_argument("--csv", default=None)
     ap.add_argument("--quiet", dest="verbose", action="store_false")
