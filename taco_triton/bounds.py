@@ -63,7 +63,7 @@ def superblock_scale_per_group(c: Compressed) -> torch.Tensor:
 
 
 def exact_transform(x: torch.Tensor, c: Compressed):
-    """(y, delta): exact transformed values and the compressor's FP32 error bound, float64 [n_groups, G]."""
+    """(y, groups): exact transformed values and the (pre-scaled) groups they came from, float64 [n_groups, G]."""
     cfg = c.config
     g = cfg.group_size
     _, _, a, _ = _parts(c)
