@@ -23,10 +23,10 @@ demo: $(STAMP)
 	$(PY) -m taco_triton.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --timeout=900
 
 test-thorough: $(STAMP)
-	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q
+	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q --timeout=1800
 
 notebooks: $(STAMP)
 	$(PY) notebooks/run_all.py
