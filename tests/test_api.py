@@ -3,7 +3,6 @@ import pytest
 import torch
 
 import taco_triton as taco
-from taco_triton import reference as ref
 
 from .helpers import DEVICE, make_input
 

@@ -1,6 +1,5 @@
 """Compressed collectives on P gloo ranks (CPU processes): correctness, identity, bounds, edges."""
 import pytest
-import torch
 
 from . import collective_cases as cases
 from .dist_utils import run_ranks
