@@ -154,10 +154,12 @@ def _build_reduce(numel: int, dtype: torch.dtype, config: CompressionConfig, dev
 
 
 KERNELS: dict[str, KernelSpec] = {
-    "compress": KernelSpec(build=_build_compress),
-    "decompress": KernelSpec(build=_build_decompress),
-    # Loops over the ranks' chunks (loads inside a loop), so num_stages is a real choice.
-    "reduce": KernelSpec(build=_build_reduce, pipelined=True, launch_dtype=torch.uint8),
+    # Persistent kernels: each program loops over tiles of two super-blocks, so num_stages is a
+    # real choice (the next tile's loads overlap the current tile's work).
+    "compress": KernelSpec(build=_build_compress, pipelined=True, tile_elems=2 * SUPERBLOCK_ELEMS),
+    "decompress": KernelSpec(build=_build_decompress, pipelined=True, tile_elems=2 * SUPERBLOCK_ELEMS),
+    "reduce": KernelSpec(build=_build_reduce, pipelined=True, tile_elems=2 * SUPERBLOCK_ELEMS,
+                         launch_dtype=torch.uint8),
 }
 
 

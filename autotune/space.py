@@ -6,10 +6,10 @@ config only decides how many threads share that tile and how deeply loads are pi
 rules remove configs that cannot pay off; `--no-prune` in the sweep times the full space anyway,
 which is how the rules are checked on a GPU.
 
-1. Stages need a loop. Triton's software pipeliner only stages loads inside `for` loops; the
-   compress and decompress kernels have none (each program loads its tile once), so
-   num_stages = 2, 3, 4 compile to the same code as 1 and only multiply the sweep time. Kernels
-   registered with `pipelined=True` (a future fused reduce looping over ranks) keep all stages.
+1. Stages need a loop. Triton's software pipeliner only stages loads inside `for` loops; a
+   kernel without one compiles num_stages = 2, 3, 4 to the same code as 1, which would only
+   multiply the sweep time. Today's kernels are persistent (every program loops over tiles), are
+   registered with `pipelined=True`, and keep all stages.
 
 2. Every thread must own at least one 16-byte vector of the tile: num_warps * 32 threads *
    (16 / itemsize) elements <= 4096. More warps than that leave threads without a full vector

@@ -8,7 +8,7 @@ Transformed domain, element i of group g (scale sigma_g, super-block scale S):
 - r(v): half the code grid spacing at v (FP8: 2^(max(floor(log2 v), emin) - mbits - 1), which is
   the subnormal spacing floor below the normal range; INT8: 1/2); a whole spacing with
   stochastic rounding.
-- u v: the FP32 rounding of y / sigma; 4 u code_max: saturation slack left by the (at most three)
+- 2 u v: the FP32 roundings of 1 / sigma and of y times it; 4 u code_max: saturation slack left by the (at most three)
   FP32 roundings inside sigma.
 - delta_i: FP32 error of the transform the compressor computed, gamma_G sum_j |x_j| / (2G) with
   gamma_n = n u_dot / (1 - n u_dot) (one dot of length G, or two Kronecker stages of 16 and G/16),
@@ -94,7 +94,7 @@ def transformed_error_bound(x: torch.Tensor, c: Compressed, u_dot: float = U_DOT
     delta = delta.expand_as(y)
     v = (y.abs() + delta) / sigma
     grid = spec.half_ulp(v) * (2.0 if cfg.stochastic else 1.0)
-    bound = sigma * (grid + U32 * v + 4 * U32 * spec.code_max) + delta
+    bound = sigma * (grid + 2 * U32 * v + 4 * U32 * spec.code_max) + delta
     bound = torch.where(sigma > 0, bound, y.abs() + delta)
     return y, y_dec, bound
 

@@ -33,6 +33,9 @@ from .config import CODEC_SPECS, CodecSpec, CompressionConfig
 from .layout import WireLayout
 
 UE4M4_NAN = 255
+#: Group scales below this are scaled by TINY_SCALE before their reciprocal (which would overflow).
+TINY_SIGMA = 2.0**-126
+TINY_SCALE = 2.0**64
 _MASK32 = 0xFFFFFFFF
 
 
@@ -198,10 +201,17 @@ def taco_scales(y: torch.Tensor, finite: torch.Tensor, spec: CodecSpec) -> torch
 
 # --------------------------------------------------------------------------- 4. codes
 def scale_to_codes(y: torch.Tensor, sigma: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
-    """v = y / sigma per group, clamped to +-code_max (0 where sigma is 0 or NaN)."""
+    """v = y * (1 / sigma) per group, clamped to +-code_max (0 where sigma is 0 or NaN).
+
+    One correctly rounded reciprocal per group and one multiply per element, as the kernels do
+    (a division per element costs them more than the rest of quantization). Groups with
+    sigma < 2^-126, whose reciprocal would overflow FP32, are first scaled by 2^64 (exact).
+    """
     s = sigma[:, None]
-    ok = (s > 0) & torch.isfinite(y)
-    v = torch.where(ok, y / torch.where(ok, s, torch.ones_like(s)), torch.zeros_like(y))
+    live = s > 0  # false for NaN (non-finite groups)
+    k = torch.where(s < TINY_SIGMA, TINY_SCALE, 1.0)
+    rcp = 1.0 / torch.where(live, s * k, torch.ones_like(s))
+    v = torch.where(live, (y * k) * rcp, torch.zeros_like(y))
     return v.clamp(-spec.code_max, spec.code_max)
 
 

@@ -1,58 +1,40 @@
 """@triton.jit helpers shared by the fused kernels; each mirrors a function in `reference.py`.
 
-Codec ids (constexpr CODEC): 0 = fp8_e4m3, 1 = fp8_e5m2, 2 = int8.
-Rounding ids (constexpr ROUND): 0 = nearest-even, 1 = ceil, 2 = stochastic.
+The numeric constants of a codec (largest code, mantissa bits, smallest normal exponent) live in
+one place, `taco_triton.config.CODEC_SPECS`; the launchers pass them in as constexprs
+(`codec_constexprs`). Below, the ids that select code paths at compile time have names.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ..env import interpreting
+from ..config import CodecSpec
 
+# Codec ids (constexpr CODEC).
+E4M3: tl.constexpr = tl.constexpr(0)
+E5M2: tl.constexpr = tl.constexpr(1)
+INT8: tl.constexpr = tl.constexpr(2)
 CODEC_IDS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "int8": 2}
 
+# Rounding ids (constexpr ROUND) of `round_shift` and the encoders.
+NEAREST: tl.constexpr = tl.constexpr(0)
+CEIL: tl.constexpr = tl.constexpr(1)
+STOCHASTIC: tl.constexpr = tl.constexpr(2)
 
-def launch_flags(is_cuda: bool) -> dict:
-    """Constexprs that differ between hardware and the interpreter.
-
-    HW_CAST: the interpreter's FP8 cast is not round-to-nearest-even (FINDINGS 3), so it uses the
-    integer-bit encoder; GPUs use the hardware cast. DOT_PREC: Hopper tensor cores with three TF32
-    passes give FP32-level accuracy; the interpreter computes in IEEE FP32 anyway.
-    """
-    hw = is_cuda and not interpreting()
-    return {"HW_CAST": hw, "DOT_PREC": "tf32x3" if hw else "ieee"}
-
-
-@triton.jit
-def pm1_hadamard(N: tl.constexpr):
-    """The +-1 Sylvester-Hadamard matrix of size N (FP32): (-1)^popcount(i & j)."""
-    i = tl.arange(0, N)[:, None]
-    j = tl.arange(0, N)[None, :]
-    v = i & j
-    v = v ^ (v >> 8)
-    v = v ^ (v >> 4)
-    v = v ^ (v >> 2)
-    v = v ^ (v >> 1)
-    return (1 - 2 * (v & 1)).to(tl.float32)
+FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
+#: Below this group scale 1/sigma would overflow FP32, so such groups are scaled by TINY_SCALE
+#: first (`reference.scale_to_codes` does the same).
+TINY_SIGMA: tl.constexpr = tl.constexpr(2.0**-126)
+TINY_SCALE: tl.constexpr = tl.constexpr(2.0**64)
 
 
-@triton.jit
-def hadamard_rows(x, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr):
-    """x @ H_G for each of the ROWS rows of x ([ROWS, G] FP32), unnormalised.
-
-    G <= 128: one dot with H_G. G = 256, 512: H_G = H_(G/16) (x) H_16 (Kronecker), two dots with
-    a transpose between, so no operand exceeds 32x32 and every dot dimension stays >= 16.
-    """
-    if G <= 128:
-        y = tl.dot(x, pm1_hadamard(G), input_precision=DOT_PREC)
-    else:
-        A: tl.constexpr = G // 16
-        y = tl.dot(tl.reshape(x, [ROWS * A, 16]), pm1_hadamard(16), input_precision=DOT_PREC)
-        y = tl.reshape(tl.trans(tl.reshape(y, [ROWS, A, 16]), 0, 2, 1), [ROWS * 16, A])
-        y = tl.dot(y, pm1_hadamard(A), input_precision=DOT_PREC)
-        y = tl.reshape(tl.trans(tl.reshape(y, [ROWS, 16, A]), 0, 2, 1), [ROWS, G])
-    return y
+def codec_constexprs(spec: CodecSpec) -> dict:
+    """The constexprs a kernel needs for one codec, read from the codec's spec."""
+    return {
+        "CODEC": CODEC_IDS[spec.name], "CODE_MAX": spec.code_max, "MBITS": spec.mbits,
+        "EMIN": spec.emin, "SUB": 2.0 ** (spec.emin - spec.mbits),
+    }
 
 
 @triton.jit
@@ -79,13 +61,13 @@ def round_shift(m, s, ROUND: tl.constexpr, rand):
 
     As reference._round_shift: s clamps at 25 (nearest, ceil) or 31 (stochastic, in uint32).
     """
-    if ROUND == 2:
+    if ROUND == STOCHASTIC:
         s = tl.minimum(s, 31)
         low = tl.full(s.shape, 0xFFFFFFFF, tl.uint32) >> (32 - s).to(tl.uint32)
         return ((m.to(tl.uint32) + (rand & low)) >> s.to(tl.uint32)).to(tl.int32)
     s = tl.minimum(s, 25)
     low = (1 << s) - 1
-    if ROUND == 1:
+    if ROUND == CEIL:
         return (m + low) >> s
     else:
         q = m >> s
@@ -113,7 +95,7 @@ def encode_ue4m4_ceil(r):
     _, e, m = split_float(r)
     eq = tl.maximum(e, -14)
     s = 19 + eq - e
-    return (eq + 14) * 16 + round_shift(m, s, 1, 0)
+    return (eq + 14) * 16 + round_shift(m, s, CEIL, 0)
 
 
 @triton.jit
@@ -128,31 +110,27 @@ def decode_ue4m4(code):
 
 
 @triton.jit
-def codec_consts(CODEC: tl.constexpr):
-    """(code_max, mbits, emin, subnormal spacing 2^(emin - mbits)) of a codec id."""
-    if CODEC == 0:
-        return 448.0, 3, -6, 0.001953125
-    elif CODEC == 1:
-        return 57344.0, 2, -14, 1.52587890625e-05
-    else:
-        return 127.0, 0, 0, 1.0
+def encode_codes(v, rand, CODEC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                 ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr):
+    """u8 codes of scaled values |v| <= code_max (reference.encode_codes_bits / encode_codes).
 
-
-@triton.jit
-def encode_codes(v, rand, CODEC: tl.constexpr, ROUND: tl.constexpr, HW_CAST: tl.constexpr):
-    """u8 codes of scaled values |v| <= code_max (reference.encode_codes_bits / encode_codes)."""
-    if HW_CAST and ROUND == 0 and CODEC == 0:
+    The hardware's round-to-nearest-even conversions where they exist (FP8_HW: FP8 on sm_89+; HW:
+    any compiled GPU kernel, for INT8); elsewhere (the interpreter, sm_80, AMD's FP8 flavours) and
+    for stochastic rounding, an integer-bit encoder that matches torch's casts bit for bit.
+    """
+    if FP8_HW and ROUND == NEAREST and CODEC == E4M3:
         return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    elif HW_CAST and ROUND == 0 and CODEC == 1:
+    elif FP8_HW and ROUND == NEAREST and CODEC == E5M2:
         return v.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    elif HW and ROUND == NEAREST and CODEC == INT8:
+        return tl.extra.libdevice.rint(v).to(tl.int8).to(tl.uint8, bitcast=True)
     else:
         sign, e, m = split_float(v)
-        if CODEC == 2:
+        if CODEC == INT8:
             s = 23 - e
             mag = round_shift(m, s, ROUND, rand)
             code = tl.where(sign == 1, -mag, mag) & 0xFF
         else:
-            _cmax, MBITS, EMIN, _sub = codec_consts(CODEC)
             eq = tl.maximum(e, EMIN)
             s = 23 - MBITS + eq - e
             mag = ((eq - EMIN) << MBITS) + round_shift(m, s, ROUND, rand)
@@ -161,42 +139,71 @@ def encode_codes(v, rand, CODEC: tl.constexpr, ROUND: tl.constexpr, HW_CAST: tl.
 
 
 @triton.jit
-def decode_codes(codes, CODEC: tl.constexpr, HW_CAST: tl.constexpr):
-    """FP32 values of u8 codes (reference.decode_codes)."""
-    if CODEC == 2:
-        return codes.to(tl.int8, bitcast=True).to(tl.float32)
-    elif HW_CAST and CODEC == 0:
-        return codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    elif HW_CAST and CODEC == 1:
-        return codes.to(tl.float8e5, bitcast=True).to(tl.float32)
+def decode_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """Values of u8 codes in OUT_DTYPE (reference.decode_codes); exact in fp16 for every codec.
+
+    Without hardware FP8 conversions (sm_80, AMD, the interpreter) the code's bits are placed in
+    an fp16's fields: every E4M3 and E5M2 value, subnormals, Inf and NaN included, is an fp16.
+    """
+    if CODEC == INT8:
+        return codes.to(tl.int8, bitcast=True).to(OUT_DTYPE)
+    elif FP8_HW and CODEC == E4M3:
+        return codes.to(tl.float8e4nv, bitcast=True).to(OUT_DTYPE)
+    elif FP8_HW and CODEC == E5M2:
+        return codes.to(tl.float8e5, bitcast=True).to(OUT_DTYPE)
+    elif CODEC == E5M2:  # an E5M2 code is the top byte of the fp16 with the same value
+        return (codes.to(tl.int16) << 8).to(tl.float16, bitcast=True).to(OUT_DTYPE)
+    else:  # E4M3 bits moved into fp16's fields, then the exponent bias (7 vs 15) fixed by 2^8
+        c = codes.to(tl.int16)
+        v = (((c & 0x80) << 8) | ((c & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+        return tl.where((c & 0x7F) == 0x7F, float("nan"), v).to(OUT_DTYPE)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def row_absmax(y):
+    """[ROWS] largest |y| of each row; NaN if the row holds a NaN, Inf if it holds an Inf.
+
+    Under the Hadamard transform every output of a row mixes every input, so a NaN/Inf input
+    poisons the whole output row: this one reduction finds both the group's amax and whether
+    the group was finite, with no separate scan of the input.
+    """
+    return tl.reduce(tl.abs(y), 1, _max_nan)
+
+
+@triton.jit
+def load_table(h_ptr, N: tl.constexpr):
+    """An [N, N] matrix stored row-major at h_ptr (the launcher's cached Hadamard table)."""
+    i = tl.arange(0, N)
+    return tl.load(h_ptr + i[:, None] * N + i[None, :])
+
+
+@triton.jit
+def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr):
+    """x @ T for each of the ROWS rows of x, T the launcher's [G, G] table (scaled +-1 matrix).
+
+    G <= 128: one dot with the table h, in the operands' own dtype (16-bit operands times a
+    power of two are exact products, accumulated in FP32). G = 256, 512: T = h (x) h16
+    (Kronecker, h of size G/16 carrying the scale), two dots with a transpose between, so no
+    operand exceeds 32x32; the second stage's operands are FP32 sums (DOT_PREC).
+    """
+    if G <= 128:
+        y = tl.dot(x, h, out_dtype=tl.float32)
     else:
-        _cmax, MBITS, EMIN, SUB = codec_consts(CODEC)
-        c = codes.to(tl.int32)
-        sign = c >> 7
-        big_e = (c >> MBITS) & ((1 << (7 - MBITS)) - 1)
-        m = c & ((1 << MBITS) - 1)
-        normal = ((sign << 31) | ((big_e - (1 - EMIN) + 127) << 23) | (m << (23 - MBITS))).to(tl.float32, bitcast=True)
-        sub = m.to(tl.float32) * SUB
-        sub = tl.where(sign == 1, -sub, sub)
-        out = tl.where(big_e > 0, normal, sub)
-        if CODEC == 0:
-            out = tl.where((c & 0x7F) == 0x7F, float("nan"), out)
-        else:
-            top = big_e == 31
-            inf = tl.where(sign == 1, -float("inf"), float("inf"))
-            out = tl.where(top, tl.where(m == 0, inf, float("nan")), out)
-        return out
+        A: tl.constexpr = G // 16
+        y = tl.dot(tl.reshape(x, [ROWS * A, 16]), h16, out_dtype=tl.float32)
+        y = tl.reshape(tl.trans(tl.reshape(y, [ROWS, A, 16]), 0, 2, 1), [ROWS * 16, A])
+        y = tl.dot(y, h, input_precision=DOT_PREC, out_dtype=tl.float32)
+        y = tl.reshape(tl.trans(tl.reshape(y, [ROWS, 16, A]), 0, 2, 1), [ROWS, G])
+    return y
 
 
 @triton.jit
-def group_all_finite(x):
-    """[ROWS] int1: every element of the row is finite."""
-    bad = (x != x) | (tl.abs(x) == float("inf"))
-    return tl.max(bad.to(tl.int32), axis=1) == 0
-
-
-@triton.jit
-def to_out_dtype(y, out_ptr, HW_CAST: tl.constexpr):
+def to_out_dtype(y, out_ptr, HW: tl.constexpr):
     """Cast FP32 y to the element type of out_ptr, round-to-nearest-even everywhere.
 
     The interpreter's FP32 -> BF16 cast truncates (measured: ~half of random values off by one
@@ -204,7 +211,7 @@ def to_out_dtype(y, out_ptr, HW_CAST: tl.constexpr):
     and the cast only drops zeros. y is already clamped to the finite range, so no carry reaches
     Inf; NaN stays NaN.
     """
-    if (not HW_CAST) and out_ptr.dtype.element_ty == tl.bfloat16:
+    if (not HW) and out_ptr.dtype.element_ty == tl.bfloat16:
         b = y.to(tl.uint32, bitcast=True)
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         y = b.to(tl.float32, bitcast=True)

@@ -1,16 +1,27 @@
-"""Launch parameters (num_warps, num_stages) for the fused kernels: the one place they are chosen.
+"""What every launch of the fused kernels shares: the target, launch parameters, the launch itself.
 
-The tile itself is fixed by the format (one super-block per program), so what varies is how
-many warps share it and how deeply loads are pipelined. Lookup order: the autotune cache
-(`autotune` package: shipped per-GPU files, then the user's cache, then online tuning when
-TACO_AUTOTUNE=online), then the heuristic below. In the interpreter every choice runs the same
-code, so the heuristic answers without looking anything up. `forced` pins the parameters for a
-block of launches: the autotuner times each candidate through the ordinary wrappers this way.
+- `Target`: what the kernel is compiled for (a CUDA compute capability, an AMD arch, or Triton's
+  CPU interpreter). It decides the constexprs that differ between hardware (`target_flags`):
+  hardware FP8 conversions exist from sm_89 on, the interpreter needs bit-exact emulations, and
+  16-bit transform operands are exact on tensor cores but not in the interpreter's bf16 dot.
+- `launch_params`: (num_warps, num_stages), the one place they are chosen. Lookup order: a
+  `forced` block, then the autotune runtime (shipped per-GPU files, the user's cache, online
+  tuning when TACO_AUTOTUNE=online), then the heuristic. The interpreter runs every choice the
+  same way, so it answers with the heuristic.
+- `Launch`: a kernel with its grid, arguments and constexprs. Each kernel module builds one in a
+  `*_launch` function from tensors (or from `ShapedPointer`s), and `Launch.run()` launches it;
+  `bench/aot.py` compiles the very same `Launch` for any target without a GPU, so the
+  compile-time model never drifts from what runs.
+- FMA policy: every kernel is compiled with `enable_fp_fusion=False`, so `a * b + c` rounds twice
+  as in `reference.py` on every Triton version (Triton 3.9 fuses by default, 3.10 does not);
+  kernels write `tl.fma` where they want one rounding.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,10 +29,72 @@ from ..config import CompressionConfig
 from ..env import interpreting
 
 
+@dataclass(frozen=True)
+class Target:
+    """A compilation target: backend "cuda" (arch = compute capability, e.g. 90), "hip" (arch =
+    gfx name) or "interpreter"."""
+
+    backend: str
+    arch: int | str = 0
+    warp_size: int = 32
+
+    @property
+    def compiled(self) -> bool:
+        return self.backend != "interpreter"
+
+    @property
+    def fp8_hw(self) -> bool:
+        """OCP FP8 (e4m3fn / e5m2) hardware conversions: NVIDIA sm_89 and newer."""
+        return self.backend == "cuda" and int(self.arch) >= 89
+
+    def __str__(self) -> str:
+        return f"sm_{self.arch}" if self.backend == "cuda" else str(self.arch or self.backend)
+
+
+INTERPRETER = Target("interpreter")
+
+
+@functools.lru_cache(maxsize=16)
+def _device_target(index: int, is_hip: bool) -> Target:
+    props = torch.cuda.get_device_properties(index)
+    if is_hip:
+        return Target("hip", props.gcnArchName.split(":")[0], 64)
+    return Target("cuda", props.major * 10 + props.minor, 32)
+
+
+@functools.lru_cache(maxsize=16)
+def multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def target_of(device: torch.device) -> Target:
+    """The target kernels launched on `device` compile for (queried once per device)."""
+    if device.type != "cuda" or interpreting():
+        return INTERPRETER
+    return _device_target(device.index if device.index is not None else torch.cuda.current_device(),
+                          torch.version.hip is not None)
+
+
+def target_flags(target: Target, dtype: torch.dtype) -> dict:
+    """Constexprs that differ between targets.
+
+    HW: compiled for a GPU (hardware INT8 rounding and bf16 casts; the interpreter's are not
+    round-to-nearest-even). FP8_HW: hardware FP8 conversions. OP16: the transform's operands stay
+    in the input's 16-bit dtype (exact on tensor cores; the interpreter's bf16 dot is not, so it
+    computes in FP32 there). DOT_PREC: FP32 operands on GPUs use three TF32 passes.
+    """
+    return {
+        "HW": target.compiled,
+        "FP8_HW": target.fp8_hw,
+        "OP16": target.compiled and dtype in (torch.bfloat16, torch.float16),
+        "DOT_PREC": "tf32x3" if target.compiled else "ieee",
+    }
+
+
 def heuristic(kernel: str, config: CompressionConfig) -> dict:
-    """A safe default: 4 warps (8 for the two-stage Hadamard of G >= 256), 1 stage."""
-    warps = 8 if (config.hadamard and config.group_size >= 256) else 4
-    return {"num_warps": warps, "num_stages": 1}
+    """A safe default: 4 warps (a 64-row tile is one warpgroup on Hopper), 2 stages (the loads of
+    the next tile overlap the current one in the persistent loop)."""
+    return {"num_warps": 4, "num_stages": 2}
 
 
 # A context variable, not a module global: a forced block in one thread (the tuner timing a
@@ -46,9 +119,75 @@ def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config:
         return pinned
     if device.type != "cuda" or interpreting():
         return heuristic(kernel, config)
-    try:
-        from autotune import runtime
-    except ImportError:
-        return heuristic(kernel, config)
+    from autotune import runtime  # the runtime sits below the kernels; the tuning tools above
+
     found = runtime.lookup(kernel, device, dtype, config, numel)
     return found if found is not None else heuristic(kernel, config)
+
+
+@dataclass(frozen=True)
+class ShapedPointer:
+    """A stand-in for a tensor argument when a launch is only compiled (bench/aot.py): Triton
+    reads the element type and the address (16-byte aligned, as the caching allocator gives)."""
+
+    dtype: torch.dtype
+    address: int = 1 << 20
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+#: In the interpreter a small grid still makes programs loop over several tiles (tested that way).
+INTERPRETER_PROGRAMS = 3
+# (kernel, constexprs and options, device index) -> programs that stay resident on one SM.
+_RESIDENT: dict = {}
+
+
+def _resident_per_sm(compiled, index: int) -> int:
+    """Programs of a compiled kernel one SM holds at once (registers, shared memory, threads)."""
+    props = torch.cuda.get_device_properties(index)
+    threads = compiled.metadata.num_warps * props.warp_size if hasattr(props, "warp_size") else compiled.metadata.num_warps * 32
+    smem = compiled.metadata.shared
+    regs = getattr(compiled, "n_regs", 0) or 255  # known once the module is loaded; 255 is the worst case
+    limits = [
+        getattr(props, "max_threads_per_multi_processor", 2048) // threads,
+        getattr(props, "regs_per_multiprocessor", 65536) // max(1, -(-regs * threads // 256) * 256),
+    ]
+    if smem:
+        limits.append(getattr(props, "shared_memory_per_multiprocessor", 101376) // smem)
+    return max(1, min(limits))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a persistent kernel over `n_tiles` tiles: `fn[grid](*args, **meta)`.
+
+    The grid is as many programs as the GPU keeps resident at once (never more: a program that
+    waits for a free SM would start its share of tiles only after another finished all of its
+    own); in the interpreter, a few programs that loop over several tiles.
+    """
+
+    fn: object
+    n_tiles: int
+    args: tuple
+    meta: dict = field(default_factory=dict)
+    device: torch.device | None = None
+
+    def grid(self) -> tuple:
+        if self.device is None or self.device.type != "cuda" or interpreting():
+            return (max(1, min(self.n_tiles, INTERPRETER_PROGRAMS)),)
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        key = (self.fn, tuple(sorted((k, str(v)) for k, v in self.meta.items())), index)
+        per_sm = _RESIDENT.get(key)
+        if per_sm is None:
+            compiled = self.fn.warmup(*self.args, grid=(1,), **self.meta)
+            per_sm = _RESIDENT[key] = _resident_per_sm(compiled, index)
+        return (max(1, min(self.n_tiles, per_sm * multiprocessors(index))),)
+
+    def run(self):
+        return self.fn[self.grid()](*self.args, **self.meta)
+
+
+def launch_meta(target: Target, dtype: torch.dtype, params: dict, **constexprs) -> dict:
+    """Constexprs plus the target's flags and the launch options every kernel uses."""
+    return {**constexprs, **target_flags(target, dtype), **params, "enable_fp_fusion": False}

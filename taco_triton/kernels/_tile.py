@@ -1,8 +1,10 @@
-"""@triton.jit building blocks that act on one program's tile: a super-block of GPS groups of G.
+"""@triton.jit building blocks that act on one program's tile: SBT super-blocks of GPS groups of G.
 
-Compress is load -> (pre-scale) -> transform -> `quantize_store`; decompress is `load_codes` ->
-inverse transform -> `store_dense`; the collectives' fused reduce is a sum of `load_transformed`
-over ranks -> `quantize_store` or `store_dense`. Each mirrors a function in `reference.py`.
+A tile is ROWS = SBT * GPS groups (rows) of G elements, 8192 elements for every G: 64 rows at
+G = 128, so the transform's dot is one m64 warpgroup MMA on Hopper. Compress is load -> transform
+-> `quantize_store`; decompress is `load_scales` + codes -> transform -> `store_dense`; the
+collectives' fused reduce sums decoded tiles over ranks, then `quantize_store` or `store_dense`.
+Each mirrors a function in `reference.py`.
 """
 from __future__ import annotations
 
@@ -10,14 +12,24 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    codec_consts,
-    decode_codes,
+    FLT_MAX,
+    STOCHASTIC,
+    TINY_SCALE,
+    TINY_SIGMA,
     decode_ue4m4,
     encode_codes,
     encode_ue4m4_ceil,
     random_bits,
+    row_absmax,
     to_out_dtype,
 )
+
+
+@triton.jit
+def tile_rows(tile, ROWS: tl.constexpr, G: tl.constexpr):
+    """(rows [ROWS] int64, element offsets [ROWS, G] int64) of tile number `tile`."""
+    rows = tl.arange(0, ROWS).to(tl.int64) + tile * ROWS  # n_groups < 2^31: tile * ROWS fits int32
+    return rows, rows[:, None] * G + tl.arange(0, G)[None, :]
 
 
 @triton.jit
@@ -28,56 +40,87 @@ def taco_prescale(ms, finite, CODE_MAX: tl.constexpr):
 
 
 @triton.jit
-def quantize_store(
-    y, finite, pre, pid, rows, row_ok, offs, codes_ptr, a_ptr, b_ptr, seed,
-    CODEC: tl.constexpr, DUAL: tl.constexpr, ROUND: tl.constexpr, HW_CAST: tl.constexpr,
-):
-    """Scales and codes of a transformed tile y [GPS, G]; stores codes and both scale arrays.
+def per_row(v, SBT: tl.constexpr, GPS: tl.constexpr):
+    """Broadcast one value per super-block [SBT] to its GPS rows [SBT * GPS]."""
+    return tl.reshape(tl.broadcast_to(v[:, None], [SBT, GPS]), [SBT * GPS])
 
-    dual: super-block scale S = max finite amax / code_max, E4M4 group codes rounded up (255 for
-    non-finite groups). taco_fp32x2: pre (already applied to y) and absmax scale q per group.
+
+@triton.jit
+def dual_scales_store(amax, finite, tile, rows, row_ok, n_sb, sb_ptr, gs_ptr,
+                      CODE_MAX: tl.constexpr, SBT: tl.constexpr, GPS: tl.constexpr):
+    """Dual scales of a tile's rows (reference.dual_scales); stores them, returns sigma [ROWS].
+
+    S = max finite amax of the super-block / code_max (FP32, one per super-block); the group code
+    is amax / (S code_max) in unsigned E4M4, rounded up (255 marks a non-finite group).
     """
-    CODE_MAX, _mbits, _emin, _sub = codec_consts(CODEC)
-    amax = tl.where(finite, tl.max(tl.abs(y), axis=1), 0.0)
+    sb_amax = tl.max(tl.reshape(amax, [SBT, GPS]), axis=1)
+    sb_scale = tl.div_rn(sb_amax, CODE_MAX)
+    sb = tl.arange(0, SBT).to(tl.int64) + tile * SBT
+    tl.store(sb_ptr + sb, sb_scale, mask=sb < n_sb)
+    sb_amax_r = per_row(sb_amax, SBT, GPS)
+    ratio = tl.where(sb_amax_r > 0, tl.div_rn(amax, tl.where(sb_amax_r > 0, sb_amax_r, 1.0)), 0.0)
+    dcode = tl.where(finite, encode_ue4m4_ceil(ratio), 255)
+    tl.store(gs_ptr + rows, dcode.to(tl.uint8), mask=row_ok)
+    return per_row(sb_scale, SBT, GPS) * decode_ue4m4(dcode)
+
+
+@triton.jit
+def quantize_store(
+    y, tile, rows, row_ok, offs, n_sb, codes_ptr, a_ptr, b_ptr, seed, pre,
+    CODEC: tl.constexpr, CODE_MAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+    SBT: tl.constexpr, GPS: tl.constexpr, DUAL: tl.constexpr, ROUND: tl.constexpr,
+    HW: tl.constexpr, FP8_HW: tl.constexpr,
+):
+    """Scales and codes of a transformed tile y [ROWS, G] (FP32); stores codes and both scales.
+
+    Codes are v = y * (1 / sigma) per element, one correctly rounded reciprocal per group
+    (reference.scale_to_codes does the same). Groups below TINY_SIGMA, whose reciprocal would
+    overflow, are scaled by 2^64 first (exact: a power of two, far from FP32's maximum), so no
+    branch is needed. v is clamped to +-code_max, and to +0 for non-finite and all-zero groups
+    (their codes are 0). taco_fp32x2 (DUAL false): `pre` (already applied to y) and the absmax
+    scale per group.
+    """
+    amax = row_absmax(y)
+    finite = amax <= FLT_MAX  # false for NaN and Inf
+    amax = tl.where(finite, amax, 0.0)
     if DUAL:
-        sb_amax = tl.max(amax, axis=0)
-        sb_scale = tl.div_rn(sb_amax, CODE_MAX)
-        ratio = tl.where(sb_amax > 0, tl.div_rn(amax, tl.where(sb_amax > 0, sb_amax, 1.0)), 0.0)
-        dcode = tl.where(finite, encode_ue4m4_ceil(ratio), 255)
-        sigma = sb_scale * decode_ue4m4(dcode)
-        tl.store(a_ptr + pid, sb_scale)
-        tl.store(b_ptr + rows, dcode.to(tl.uint8), mask=row_ok)
+        sigma = dual_scales_store(amax, finite, tile, rows, row_ok, n_sb, a_ptr, b_ptr, CODE_MAX, SBT, GPS)
     else:
         sigma = tl.where(finite, tl.div_rn(amax, CODE_MAX), float("nan"))
         tl.store(a_ptr + rows, pre, mask=row_ok)
         tl.store(b_ptr + rows, sigma, mask=row_ok)
-    s = sigma[:, None]
-    ok = (s > 0) & (y == y) & (tl.abs(y) != float("inf"))
-    v = tl.where(ok, tl.div_rn(y, tl.where(ok, s, 1.0)), 0.0)
-    v = tl.minimum(tl.maximum(v, -CODE_MAX), CODE_MAX)
-    if ROUND == 2:
+    live = finite & (sigma > 0)
+    k = tl.where(sigma < TINY_SIGMA, TINY_SCALE, 1.0)
+    rcp = tl.where(live, tl.div_rn(1.0, tl.where(live, sigma * k, 1.0)), 0.0)
+    hi = tl.where(live, CODE_MAX, 0.0)[:, None]
+    lo = tl.where(live, -CODE_MAX, 0.0)[:, None]
+    v = (y * k[:, None]) * rcp[:, None]
+    # fmin/fmax return the non-NaN operand: NaN rows (rcp = 0 there) become hi = +0
+    v = tl.maximum(tl.minimum(v, hi), lo)
+    if ROUND == STOCHASTIC:
         rand = random_bits(seed, offs)
     else:
         rand = 0
-    tl.store(codes_ptr + offs, encode_codes(v, rand, CODEC, ROUND, HW_CAST), mask=row_ok[:, None])
+    tl.store(codes_ptr + offs, encode_codes(v, rand, CODEC, MBITS, EMIN, ROUND, HW, FP8_HW), mask=row_ok[:, None])
 
 
 @triton.jit
-def load_codes(pid, rows, row_ok, offs, codes_ptr, a_ptr, b_ptr, CODEC: tl.constexpr, DUAL: tl.constexpr, HW_CAST: tl.constexpr):
-    """(decoded codes [GPS, G], group scale sigma [GPS], pre-scale [GPS] or 1) of one tile."""
-    codes = tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
+def load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL: tl.constexpr, SBT: tl.constexpr, GPS: tl.constexpr):
+    """(group scale sigma [ROWS], TACO pre-scale [ROWS] or 1) of one tile."""
     if DUAL:
+        sb = tl.arange(0, SBT).to(tl.int64) + tile * SBT
+        sb_scale = tl.load(a_ptr + sb, mask=sb < n_sb, other=0.0)
         dcode = tl.load(b_ptr + rows, mask=row_ok, other=0).to(tl.int32)
-        sigma = tl.load(a_ptr + pid) * decode_ue4m4(dcode)
+        sigma = per_row(sb_scale, SBT, GPS) * decode_ue4m4(dcode)
         pre = tl.full(sigma.shape, 1.0, tl.float32)
     else:
         sigma = tl.load(b_ptr + rows, mask=row_ok, other=0.0)
         pre = tl.load(a_ptr + rows, mask=row_ok, other=1.0)
-    return decode_codes(codes, CODEC, HW_CAST), sigma, pre
+    return sigma, pre
 
 
 @triton.jit
-def store_dense(y, out_ptr, offs, numel, out_max, HW_CAST: tl.constexpr):
+def store_dense(y, out_ptr, offs, numel, out_max, HW: tl.constexpr):
     """Clamp y to the output dtype's finite range (NaN stays NaN), cast, store the valid part."""
-    y = tl.where(y > out_max, out_max, tl.where(y < -out_max, -out_max, y))
-    tl.store(out_ptr + offs, to_out_dtype(y, out_ptr, HW_CAST), mask=offs < numel)
+    y = tl.clamp(y, -out_max, out_max, propagate_nan=tl.PropagateNan.ALL)
+    tl.store(out_ptr + offs, to_out_dtype(y, out_ptr, HW), mask=offs < numel)

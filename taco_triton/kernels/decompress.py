@@ -1,9 +1,10 @@
 """Fused decompress: 8-bit codes -> scales -> inverse block Hadamard -> saturating cast, one pass.
 
-The +-1 transform runs on the decoded codes and the group scale is applied after it (one
-multiply per element). Outputs are clamped to the output dtype's finite range, so quantization
-error at the dtype's maximum never produces Inf; NaN groups stay NaN. Reference:
-`taco_triton.reference.decompress_reference`.
+A persistent grid over tiles of two super-blocks, as compress. The +-1 transform runs on the
+decoded codes (exact in fp16 for every codec, so one fp16 tensor-core pass is exact up to FP32
+accumulation) and the group scale is applied after it (one multiply per element). Outputs are
+clamped to the output dtype's finite range, so quantization error at the dtype's maximum never
+produces Inf; NaN groups stay NaN. Reference: `taco_triton.reference.decompress_reference`.
 """
 from __future__ import annotations
 
@@ -11,31 +12,56 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import CompressionConfig
+from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._launch import launch_params
-from ._common import CODEC_IDS, hadamard_rows, launch_flags
-from ._tile import load_codes, store_dense
+from ._common import codec_constexprs, decode_codes, hadamard_rows, load_table
+from ._launch import Launch, Target, launch_meta, launch_params, target_of
+from ._tables import SB_PER_TILE, hadamard_tables
+from ._tile import load_scales, store_dense, tile_rows
 
 
 @triton.jit
 def _decompress_kernel(
-    codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, numel, n_groups, out_max,
-    G: tl.constexpr, GPS: tl.constexpr, CODEC: tl.constexpr, HADAMARD: tl.constexpr,
-    DUAL: tl.constexpr, HW_CAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, out_max,
+    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
+    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    rows = pid * GPS + tl.arange(0, GPS)
-    row_ok = rows < n_groups
-    offs = rows[:, None] * G + tl.arange(0, G)[None, :]
-    vals, sigma, pre = load_codes(pid, rows, row_ok, offs, codes_ptr, scale_a_ptr, scale_b_ptr, CODEC, DUAL, HW_CAST)
-    if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
-        y = hadamard_rows(vals, GPS, G, DOT_PREC) * (2.0 * sigma)[:, None]
-    else:
-        y = vals * sigma[:, None]
-    if not DUAL:
-        y = tl.div_rn(y, pre[:, None])
-    store_dense(y, out_ptr, offs, numel, out_max, HW_CAST)
+    ROWS: tl.constexpr = SBT * GPS
+    if HADAMARD:
+        h = load_table(h_ptr, G if G <= 128 else G // 16)
+        h16 = load_table(h16_ptr, 16)
+    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        rows, offs = tile_rows(tile, ROWS, G)
+        row_ok = rows < n_groups
+        codes = tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
+        sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
+        if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
+            vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32)
+            y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC) * (2.0 * sigma)[:, None]
+        else:
+            y = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
+        if not DUAL:
+            y = tl.div_rn(y, pre[:, None])
+        store_dense(y, out_ptr, offs, numel, out_max, HW)
+
+
+def decompress_launch(codes, a, b, out, numel: int, config: CompressionConfig, target: Target, params: dict,
+                      device: torch.device | None = None) -> Launch:
+    """The launch that decompresses (codes, a, b) into `numel` elements of out (tensors or ShapedPointers)."""
+    layout = WireLayout.of(numel, config)
+    op16 = target.compiled
+    h, h16 = hadamard_tables(config.group_size, 1.0, torch.float16 if op16 else torch.float32, device,
+                             shaped=device is None)
+    n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
+    meta = launch_meta(
+        target, out.dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
+        **codec_constexprs(config.spec), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+    )
+    meta["OP16"] = op16
+    return Launch(_decompress_kernel, n_tiles,
+                  (codes, a, b, out, h, h16, numel, layout.n_groups, layout.n_superblocks, n_tiles,
+                   torch.finfo(out.dtype).max), meta, device)
 
 
 def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
@@ -46,10 +72,6 @@ def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: Compression
     if layout.n_groups == 0:
         return out
     codes, a, b = layout.split(data)
-    _decompress_kernel[(layout.n_superblocks,)](
-        codes, a, b, out, out.numel(), layout.n_groups, torch.finfo(out.dtype).max,
-        G=config.group_size, GPS=layout.groups_per_superblock, CODEC=CODEC_IDS[config.codec],
-        HADAMARD=config.hadamard, DUAL=config.scales == "dual", **launch_flags(out.is_cuda),
-        **launch_params("decompress", out.device, out.dtype, config, out.numel()),
-    )
+    params = launch_params("decompress", out.device, out.dtype, config, out.numel())
+    decompress_launch(codes, a, b, out, out.numel(), config, target_of(out.device), params, out.device).run()
     return out

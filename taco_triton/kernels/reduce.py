@@ -3,7 +3,8 @@
 After the all-to-all each rank holds P wire buffers of the same chunk. This kernel reads them,
 sums in the transformed domain (the Hadamard is linear: no inverse/forward transform between sum
 and requantization) and writes either the compressed sum (all_reduce: it is all-gathered next) or
-the decompressed sum (reduce_scatter). TACO's released code has no fused version of this step.
+the decompressed sum (reduce_scatter). A persistent grid over tiles of two super-blocks, as
+compress. TACO's released code has no fused version of this step.
 Reference: `taco_triton.reference.reduce_reference`.
 """
 from __future__ import annotations
@@ -13,55 +14,61 @@ import triton
 import triton.language as tl
 
 from .. import alloc
-from ..config import CompressionConfig
+from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import CODEC_IDS, codec_consts, group_all_finite, hadamard_rows, launch_flags
-from ._launch import launch_params
-from ._tile import load_codes, quantize_store, store_dense, taco_prescale
+from ._common import STOCHASTIC, codec_constexprs, decode_codes, hadamard_rows, load_table, row_absmax
+from ._launch import Launch, Target, launch_meta, launch_params, target_of
+from ._tables import SB_PER_TILE, hadamard_tables
+from ._tile import load_scales, quantize_store, store_dense, taco_prescale, tile_rows
 
 
 @triton.jit
 def _reduce_kernel(
     in_codes_ptr, in_a_ptr, in_b_ptr, stride_codes, stride_a, stride_b, n_ranks,
-    out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, numel, n_groups, seed, scale, out_max,
-    G: tl.constexpr, GPS: tl.constexpr, CODEC: tl.constexpr, HADAMARD: tl.constexpr,
-    DUAL: tl.constexpr, ROUND: tl.constexpr, DENSE: tl.constexpr, HW_CAST: tl.constexpr,
+    out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, scale,
+    out_max,
+    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
+    ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    rows = pid * GPS + tl.arange(0, GPS)
-    row_ok = rows < n_groups
-    offs = rows[:, None] * G + tl.arange(0, G)[None, :]
-    acc = tl.zeros([GPS, G], dtype=tl.float32)
-    c_ptr, a_ptr, b_ptr = in_codes_ptr, in_a_ptr, in_b_ptr  # advanced per rank: 64-bit pointer math
-    for _p in range(n_ranks):
-        vals, sigma, pre = load_codes(pid, rows, row_ok, offs, c_ptr, a_ptr, b_ptr, CODEC, DUAL, HW_CAST)
-        t = vals * sigma[:, None]
-        if not DUAL:
-            t = tl.div_rn(t, pre[:, None])
-        acc += t
-        c_ptr += stride_codes
-        a_ptr += stride_a
-        b_ptr += stride_b
-    acc = acc * scale
-    if DENSE:
-        if HADAMARD:
-            acc = hadamard_rows(acc, GPS, G, DOT_PREC) * 2.0
-        store_dense(acc, out_ptr, offs, numel, out_max, HW_CAST)
-    else:
-        finite = group_all_finite(acc)
-        if DUAL:
-            pre_out = 1.0
-        else:
-            CODE_MAX, _mbits, _emin, _sub = codec_consts(CODEC)
-            accf = tl.where(acc == acc, acc, 0.0)
-            ms = tl.div_rn(tl.sum(accf * accf, axis=1), G * 1.0)
+    ROWS: tl.constexpr = SBT * GPS
+    if DENSE and HADAMARD:
+        h = load_table(h_ptr, G if G <= 128 else G // 16)
+        h16 = load_table(h16_ptr, 16)
+    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        rows, offs = tile_rows(tile, ROWS, G)
+        row_ok = rows < n_groups
+        acc = tl.zeros([ROWS, G], dtype=tl.float32)
+        c_ptr, a_ptr, b_ptr = in_codes_ptr, in_a_ptr, in_b_ptr  # advanced per rank: 64-bit pointer math
+        for _p in range(n_ranks):
+            codes = tl.load(c_ptr + offs, mask=row_ok[:, None], other=0)
+            sigma, pre = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
+            t = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
+            if not DUAL:
+                t = tl.div_rn(t, pre[:, None])
+            acc += t
+            c_ptr += stride_codes
+            a_ptr += stride_a
+            b_ptr += stride_b
+        acc = acc * scale
+        if DENSE:
             if HADAMARD:
-                ms = ms * (4.0 * G)
-            pre_out = taco_prescale(ms, finite, CODE_MAX)
-            acc = acc * pre_out[:, None]
-        quantize_store(acc, finite, pre_out, pid, rows, row_ok, offs, out_codes_ptr, out_a_ptr, out_b_ptr, seed,
-                       CODEC, DUAL, ROUND, HW_CAST)
+                acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC) * 2.0
+            store_dense(acc, out_ptr, offs, numel, out_max, HW)
+        else:
+            if DUAL:
+                pre_out = 1.0
+            else:  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
+                finite = row_absmax(acc) <= 3.4028234663852886e38
+                accf = tl.where(acc == acc, acc, 0.0)
+                ms = tl.div_rn(tl.sum(accf * accf, axis=1), G * 1.0)
+                if HADAMARD:
+                    ms = ms * (4.0 * G)
+                pre_out = taco_prescale(ms, finite, CODE_MAX)
+                acc = acc * pre_out[:, None]
+            quantize_store(acc, tile, rows, row_ok, offs, n_sb, out_codes_ptr, out_a_ptr, out_b_ptr, seed, pre_out,
+                           CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW)
 
 
 def _row_views(bufs: torch.Tensor, layout: WireLayout):
@@ -72,6 +79,24 @@ def _row_views(bufs: torch.Tensor, layout: WireLayout):
     if layout.scales != "dual":
         b = b.view(torch.float32)
     return codes, a, b
+
+
+def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b, target_out, numel: int,
+                  config: CompressionConfig, scale: float, dense: bool, target: Target, params: dict,
+                  device: torch.device | None = None) -> Launch:
+    """The launch that sums n_ranks wire buffers (element strides `strides` of codes, a, b per rank)."""
+    layout = WireLayout.of(numel, config)
+    h, h16 = hadamard_tables(config.group_size, 1.0, torch.float32, device, shaped=device is None)
+    n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
+    meta = launch_meta(
+        target, torch.float32, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size,
+        SBT=SB_PER_TILE, **codec_constexprs(config.spec), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+        ROUND=int(STOCHASTIC) if config.stochastic else 0, DENSE=dense,
+    )
+    out_max = torch.finfo(target_out.dtype).max if dense else 0.0
+    return Launch(_reduce_kernel, n_tiles,
+                  (in_c, in_a, in_b, *strides, n_ranks, o_c, o_a, o_b, target_out, h, h16, numel, layout.n_groups,
+                   layout.n_superblocks, n_tiles, config.seed, scale, out_max), meta, device)
 
 
 def reduce_triton(
@@ -90,21 +115,12 @@ def reduce_triton(
     dense = dense_out is not None
     if not dense and out is None:
         out = alloc.empty(layout.nbytes, torch.uint8, bufs.device)
-    target = dense_out if dense else out
+    target_out = dense_out if dense else out
     if layout.n_groups == 0:
-        return target
+        return target_out
     in_c, in_a, in_b = _row_views(bufs, layout)
-    if dense:
-        o_c = o_a = o_b = dense_out
-    else:
-        o_c, o_a, o_b = layout.split(out)
-    _reduce_kernel[(layout.n_superblocks,)](
-        in_c, in_a, in_b, in_c.stride(0), in_a.stride(0), in_b.stride(0), bufs.shape[0],
-        o_c, o_a, o_b, target, numel, layout.n_groups, config.seed, scale,
-        torch.finfo(dense_out.dtype).max if dense else 0.0,
-        G=config.group_size, GPS=layout.groups_per_superblock, CODEC=CODEC_IDS[config.codec],
-        HADAMARD=config.hadamard, DUAL=config.scales == "dual", ROUND=2 if config.stochastic else 0,
-        DENSE=dense, **launch_flags(bufs.is_cuda),
-        **launch_params("reduce", bufs.device, torch.uint8, config, numel),
-    )
-    return target
+    o_c, o_a, o_b = (dense_out,) * 3 if dense else layout.split(out)
+    params = launch_params("reduce", bufs.device, torch.uint8, config, numel)
+    reduce_launch(in_c, in_a, in_b, (in_c.stride(0), in_a.stride(0), in_b.stride(0)), bufs.shape[0], o_c, o_a, o_b,
+                  target_out, numel, config, scale, dense, target_of(bufs.device), params, bufs.device).run()
+    return target_out

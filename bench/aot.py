@@ -1,0 +1,459 @@
+"""Compile-time performance model of the fused kernels: no GPU needed.
+
+For every kernel variant the launchers can issue (kernel x codec x G x Hadamard x scales x
+rounding x input dtype x launch parameters) and every target GPU, Triton's own compiler builds
+the kernel exactly as a launch on that GPU would (the launchers' `*_launch` functions give the
+arguments, constexprs and options; `ShapedPointer`s stand in for tensors), down to SASS (NVIDIA,
+with the ptxas/cuobjdump shipped in the triton wheel) or AMDGCN (AMD). From the binary:
+
+    regs, spill_bytes, smem_bytes   registers per thread (AMD: VGPRs), local-memory stack per
+                                    thread (AMD: scratch), static shared memory (AMD: LDS)
+    instr_per_elem                  warp- (AMD: wave-) instructions per element: the static
+                                    instruction count of the persistent tile loop's body (an
+                                    upper bound of its dynamic count: code on a skipped branch
+                                    counts too) x warps per program / elements per tile. The
+                                    reduce's inner loop over ranks counts RANKS times.
+    mma_per_elem, tc_flops_per_elem tensor-core instructions and their flops per element
+    occupancy, limiter              resident warps / the SM's maximum, and what limits them
+    pct_copy_bw_bound               the model's ceiling on % of copy bandwidth (below)
+
+The model. Per element, a kernel needs
+    t_mem   = bytes moved / copy bandwidth               (a copy moving the same bytes)
+    t_issue = instr_per_elem / (issue rate x SMs x clock)
+    t_tc    = tensor-core flops / tensor-core peak of the operand type
+and pct_copy_bw_bound = 100 * t_mem / max(t_mem, t_issue, t_tc): an optimistic ceiling (no
+stalls, perfect overlap), so real kernels land below it. NVIDIA issues 4 warp-instructions per
+clock per SM; AMD CDNA one wave64 VALU instruction per clock per CU (4 SIMD16 units). Copy
+bandwidth is 90% of the spec-sheet HBM/GDDR bandwidth (a measured H200 device-to-device copy
+reached 4.3 TB/s of 4.8). The constants are spec-sheet values of one representative GPU per
+target (TARGETS below); they are a model, not a measurement.
+
+Usage:
+    python bench/aot.py --quick                       # defaults and key variants, 4 targets
+    python bench/aot.py --set ci                      # what tests/test_aot.py checks
+    python bench/aot.py --targets sm_90 --json out.json --csv out.csv
+    python bench/aot.py                               # the full table (long: ~3 s per compile)
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.pop("TRITON_INTERPRET", None)  # this tool compiles; the interpreter would only run Python
+
+import torch  # noqa: E402
+
+from taco_triton.config import CODECS, GROUP_SIZES, ROUNDINGS, SCALE_MODES, CompressionConfig  # noqa: E402
+from taco_triton.layout import WireLayout  # noqa: E402
+
+KERNELS = ("compress", "decompress", "reduce", "reduce_dense")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: Elements the model sizes a launch for (64 Mi: many waves of tiles on every target).
+NUMEL = 64 << 20
+#: Ranks summed by the modelled reduce (the smallest TP degree, where its per-element
+#: instruction cost weighs most against the bytes it moves).
+RANKS = 2
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One target and the spec-sheet constants of a representative GPU for it."""
+
+    name: str            # representative GPU
+    backend: str         # "cuda" | "hip"
+    arch: int | str      # compute capability or gfx name
+    hbm_tbs: float       # spec memory bandwidth, TB/s
+    units: int           # SMs or CUs
+    clock_ghz: float     # boost clock
+    issue: float         # warp/wave instructions per clock per SM/CU
+    tc16_tflops: float   # dense bf16/fp16 tensor-core peak
+    tf32_tflops: float   # dense tf32 tensor-core peak
+    max_warps: int       # resident warps (AMD: waves) per SM (CU)
+    regs: int            # 32-bit registers per SM (AMD: VGPRs per SIMD lane)
+    smem_kb: int         # shared memory (LDS) per SM (CU) usable by blocks
+    max_blocks: int      # resident blocks per SM (CU)
+
+    @property
+    def copy_bw(self) -> float:
+        return 0.9 * self.hbm_tbs * 1e12
+
+    @property
+    def warp(self) -> int:
+        return 64 if self.backend == "hip" else 32
+
+
+TARGETS = {
+    "sm_80": GPU("A100-SXM4-80GB", "cuda", 80, 2.039, 108, 1.41, 4, 312, 156, 64, 65536, 164, 32),
+    "sm_86": GPU("A10", "cuda", 86, 0.6, 72, 1.695, 4, 125, 62.5, 48, 65536, 100, 16),
+    "sm_89": GPU("L40S", "cuda", 89, 0.864, 142, 2.52, 4, 362, 183, 48, 65536, 100, 24),
+    "sm_90": GPU("H200-SXM-141GB", "cuda", 90, 4.8, 132, 1.98, 4, 989, 494, 64, 65536, 227, 32),
+    "sm_100": GPU("B200", "cuda", 100, 8.0, 148, 1.965, 4, 2250, 1125, 64, 65536, 227, 32),
+    "sm_120": GPU("RTX-5090", "cuda", 120, 1.792, 170, 2.41, 4, 209, 105, 48, 65536, 99, 24),
+    "gfx942": GPU("MI300X", "hip", "gfx942", 5.3, 304, 2.1, 1, 1307, 654, 32, 512, 64, 32),
+    "gfx950": GPU("MI355X", "hip", "gfx950", 8.0, 256, 2.4, 1, 2500, 1250, 32, 512, 160, 32),
+}
+QUICK_TARGETS = ("sm_80", "sm_89", "sm_90", "gfx942")
+
+
+@dataclass(frozen=True)
+class Variant:
+    kernel: str
+    config: CompressionConfig
+    dtype: str  # input dtype (compress), output dtype (decompress, reduce_dense), "u8" (reduce)
+    num_warps: int
+    num_stages: int
+
+    def row(self) -> dict:
+        c = self.config
+        return {"kernel": self.kernel, "codec": c.codec, "group_size": c.group_size, "hadamard": c.hadamard,
+                "scales": c.scales, "rounding": c.rounding, "dtype": self.dtype,
+                "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+def _kernel_dtypes(kernel: str) -> tuple:
+    return ("u8",) if kernel == "reduce" else tuple(DTYPES)
+
+
+def _uses_rounding(kernel: str) -> bool:
+    return kernel in ("compress", "reduce")
+
+
+def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype) -> list[dict]:
+    """The launch parameters a run can pick: the heuristic, then every entry of the shipped tuned files."""
+    from taco_triton.kernels._launch import heuristic
+
+    found = [heuristic(kernel, config)]
+    tuned_kernel = "reduce" if kernel.startswith("reduce") else kernel
+    for path in sorted((ROOT / "autotune" / "tuned").glob("*.json")):
+        for e in json.loads(path.read_text()).get("entries", {}).values():
+            k = e.get("key", {})
+            if (k.get("kernel") == tuned_kernel and k.get("codec") == config.codec and k.get("group_size") == config.group_size
+                    and k.get("hadamard") == config.hadamard and k.get("scales") == config.scales
+                    and k.get("rounding") == config.rounding):
+                p = {"num_warps": e["config"]["num_warps"], "num_stages": e["config"]["num_stages"]}
+                if p not in found:
+                    found.append(p)
+    return found
+
+
+def variants(which: str) -> list[Variant]:
+    """"ci": the default config and INT8 (each with every launch a run can pick); "quick": the
+    default config and its one-field neighbours; "full": every combination."""
+    out = []
+    default = CompressionConfig()
+    for kernel in KERNELS:
+        dtype0 = "u8" if kernel == "reduce" else "bf16"
+        if which == "ci":
+            pairs = [(default, dtype0), (default.replace(codec="int8"), dtype0)]
+        elif which == "quick":
+            cfgs = {default, default.replace(codec="int8"), default.replace(codec="fp8_e5m2"),
+                    default.replace(hadamard=False), default.replace(codec="int8", hadamard=False),
+                    *(default.replace(group_size=g) for g in GROUP_SIZES)}
+            if _uses_rounding(kernel):
+                cfgs.add(default.replace(rounding="stochastic"))
+            cfgs.add(default.replace(scales="taco_fp32x2"))
+            dtypes = ["u8"] if kernel == "reduce" else ["bf16"]
+            extra = [] if kernel == "reduce" else [(default, d) for d in ("fp16", "fp32")]
+            pairs = [(c, d) for c in sorted(cfgs, key=str) for d in dtypes] + extra
+        else:
+            roundings = ROUNDINGS if _uses_rounding(kernel) else ("nearest",)
+            pairs = [(CompressionConfig(codec=c, group_size=g, hadamard=h, scales=s, rounding=r), d)
+                     for c, g, h, s, r, d in itertools.product(CODECS, GROUP_SIZES, (True, False), SCALE_MODES,
+                                                               roundings, _kernel_dtypes(kernel))]
+        for cfg, d in pairs:
+            for p in launch_choices(kernel, cfg, DTYPES.get(d, torch.uint8)):
+                out.append(Variant(kernel, cfg, d, p["num_warps"], p["num_stages"]))
+    return out
+
+
+def build_launch(v: Variant, gpu: GPU):
+    """The Launch the library would issue for this variant on this GPU (arguments as ShapedPointers)."""
+    from taco_triton.kernels._launch import ShapedPointer as P, Target
+
+    target = Target(gpu.backend, gpu.arch, gpu.warp)
+    params = {"num_warps": v.num_warps, "num_stages": v.num_stages}
+    cfg = v.config
+    u8, f32 = P(torch.uint8), P(torch.float32)
+    scale_b = u8 if cfg.scales == "dual" else f32
+    if v.kernel == "compress":
+        from taco_triton.kernels.compress import compress_launch
+
+        return compress_launch(P(DTYPES[v.dtype]), u8, f32, scale_b, NUMEL, cfg, target, params)
+    if v.kernel == "decompress":
+        from taco_triton.kernels.decompress import decompress_launch
+
+        return decompress_launch(u8, f32, scale_b, P(DTYPES[v.dtype]), NUMEL, cfg, target, params)
+    from taco_triton.kernels.reduce import reduce_launch
+
+    lay = WireLayout.of(NUMEL, cfg)
+    stride = lay.nbytes + (-lay.nbytes) % 16
+    strides = (stride, stride // 4, stride if cfg.scales == "dual" else stride // 4)
+    dense = v.kernel == "reduce_dense"
+    out = P(DTYPES[v.dtype]) if dense else u8
+    o = (out, out, out) if dense else (u8, f32, scale_b)
+    return reduce_launch(u8, f32, scale_b, strides, RANKS, *o, out, NUMEL, cfg, 1.0, dense, target, params)
+
+
+def compile_launch(launch, gpu: GPU):
+    """triton.compile of the launch for `gpu`'s target, through Triton's own argument binder."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    gt = GPUTarget(gpu.backend, gpu.arch, gpu.warp)
+    backend = make_backend(gt)
+    fn = launch.fn
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kw = dict(launch.meta)
+    bound, spec, opts = binder(*launch.args, **kw)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=gt, options=options.__dict__)
+
+
+# ------------------------------------------------------------------------------ binary analysis
+_SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_MMA_SHAPE = re.compile(r"(\d+)x(\d+)x(\d+)")
+_HMMA_SHAPE = {"16816": (16, 8, 16), "1688": (16, 8, 8), "884": (8, 8, 4), "16832": (16, 8, 32)}
+
+
+def _loop_bodies(instrs: list[tuple[int, str]], is_branch, target_of) -> list[tuple[int, int]]:
+    """(start, end) index ranges of loops: a branch back to an earlier instruction closes one."""
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    loops = []
+    for i, (addr, text) in enumerate(instrs):
+        if is_branch(text):
+            tgt = target_of(text)
+            if tgt is not None and tgt in index and index[tgt] <= i:
+                loops.append((index[tgt], i))
+    return loops
+
+
+def _per_tile_instructions(instrs, loops, ranks: int) -> tuple[int, list]:
+    """Dynamic estimate per tile: the outermost loop's body, inner loops counted `ranks` times."""
+    if not loops:
+        return len(instrs), [(i, 1) for i in range(len(instrs))]
+    outer = max(loops, key=lambda ab: ab[1] - ab[0])
+    weights = [1] * (outer[1] - outer[0] + 1)
+    for a, b in loops:
+        if (a, b) != outer and outer[0] <= a and b <= outer[1]:
+            for i in range(a, b + 1):
+                weights[i - outer[0]] = ranks
+    return sum(weights), [(outer[0] + i, w) for i, w in enumerate(weights)]
+
+
+def _mma_flops(text: str, backend: str) -> tuple[int, str] | None:
+    """(flops per warp/wave instruction, operand class "16" or "tf32") of an MMA instruction."""
+    op = text.split()[0] if not text.startswith("@") else text.split()[1]
+    if backend == "cuda":
+        if op.startswith("HGMMA"):
+            m, n, k = map(int, _MMA_SHAPE.search(op).groups())
+            return 2 * m * n * k // 4, "tf32" if "TF32" in op else "16"  # a warpgroup: 4 warps issue it
+        if op.startswith("HMMA"):
+            shape = op.split(".")[1]
+            m, n, k = _HMMA_SHAPE.get(shape, (16, 8, 16))
+            return 2 * m * n * k, "tf32" if "TF32" in op else "16"
+        if op.startswith(("UTCHMMA", "UTCQMMA", "UTCMMA")):
+            return None  # tcgen05 (sm_100): counted as instructions only
+        return None
+    if op.startswith("v_mfma"):
+        m, n, k = map(int, _MMA_SHAPE.search(op).groups())
+        return 2 * m * n * k, "tf32" if "xf32" in op or "f32_" in op.split("mfma_f32")[-1][:5] else "16"
+    return None
+
+
+def analyze_cuda(kernel, gpu: GPU) -> dict:
+    import triton
+
+    nv = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        res = subprocess.run([str(nv / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(nv / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res)
+    regs, stack, shared, local = map(int, m.groups())
+    instrs = []
+    for line in sass.splitlines():
+        s = _SASS_LINE.match(line)
+        if s and not s.group(2).startswith("NOP"):
+            instrs.append((int(s.group(1), 16), s.group(2)))
+    while instrs and re.match(r"BRA 0x[0-9a-f]+$", instrs[-1][1]) and int(instrs[-1][1].split()[-1], 16) == instrs[-1][0]:
+        instrs.pop()  # the trailing self-branch after EXIT
+
+    def is_branch(t):
+        return re.search(r"(^|\s)BRA\s", t) is not None
+
+    def target_of(t):
+        g = re.search(r"BRA\s+(?:`\()?\.?[A-Z_]*\)?\s*0x([0-9a-f]+)", t) or re.search(r"BRA\s+0x([0-9a-f]+)", t)
+        return int(g.group(1), 16) if g else None
+
+    loops = _loop_bodies(instrs, is_branch, target_of)
+    per_tile, weighted = _per_tile_instructions(instrs, loops, RANKS)
+    mma = [(_mma_flops(instrs[i][1], "cuda"), w) for i, w in weighted]
+    return {"regs": regs, "spill_bytes": stack + local, "smem_bytes": shared + kernel.metadata.shared * 0,
+            "smem_dynamic": kernel.metadata.shared, "instr_per_tile": per_tile, "static_instr": len(instrs),
+            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops)}
+
+
+def analyze_hip(kernel, gpu: GPU) -> dict:
+    asm = kernel.asm["amdgcn"]
+
+    def meta(key, default=0):
+        m = re.search(rf"\.{key}:\s+(\d+)", asm)
+        return int(m.group(1)) if m else default
+
+    vgpr = meta("vgpr_count")
+    agpr = meta("agpr_count")
+    scratch = meta("private_segment_fixed_size")
+    lds = meta("group_segment_fixed_size")
+    body = asm.split(".Lfunc_end")[0]
+    instrs, labels = [], {}
+    for line in body.splitlines():
+        t = line.strip()
+        if re.match(r"^\.?L?[A-Za-z0-9_$.]+:$", t) and not t.startswith(".amdhsa"):
+            labels[t[:-1]] = len(instrs)
+            continue
+        if re.match(r"^[sv]_|^(global|buffer|ds|flat|scratch)_", t):
+            instrs.append((len(instrs), t))
+
+    def is_branch(t):
+        return t.startswith(("s_branch", "s_cbranch"))
+
+    def target_of(t):
+        lab = t.split()[-1]
+        return labels.get(lab)
+
+    loops = _loop_bodies(instrs, is_branch, target_of)
+    per_tile, weighted = _per_tile_instructions(instrs, loops, RANKS)
+    mma = [(_mma_flops(instrs[i][1], "hip"), w) for i, w in weighted]
+    return {"regs": vgpr + agpr, "spill_bytes": scratch, "smem_bytes": lds, "smem_dynamic": kernel.metadata.shared,
+            "instr_per_tile": per_tile, "static_instr": len(instrs),
+            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops)}
+
+
+def occupancy(gpu: GPU, warps: int, regs: int, smem: int) -> tuple[float, str]:
+    """Resident warps / maximum, and the resource that limits them (registers, shared memory, warps, blocks)."""
+    if gpu.backend == "cuda":
+        per_warp = -(-max(regs, 1) * 32 // 256) * 256
+        by_regs = (gpu.regs // per_warp) // warps
+    else:  # VGPRs per lane of a SIMD; a block's waves spread over the CU's 4 SIMDs
+        waves_per_simd = min(8, gpu.regs // max(8, -(-max(regs, 1) // 8) * 8))
+        by_regs = (waves_per_simd * 4) // warps
+    by_smem = (gpu.smem_kb * 1024) // smem if smem else 10**9
+    by_warps = gpu.max_warps // warps
+    limits = {"registers": by_regs, "shared memory": by_smem, "warps": by_warps, "blocks": gpu.max_blocks}
+    limiter = min(limits, key=limits.get)
+    blocks = max(0, limits[limiter])
+    return blocks * warps / gpu.max_warps, limiter
+
+
+def bytes_per_elem(v: Variant) -> float:
+    wire = WireLayout.of(NUMEL, v.config).nbytes / NUMEL
+    if v.kernel == "reduce":
+        return (RANKS + 1) * wire
+    if v.kernel == "reduce_dense":
+        return RANKS * wire + DTYPES[v.dtype].itemsize
+    return wire + DTYPES[v.dtype].itemsize
+
+
+def model(v: Variant, gpu: GPU, a: dict) -> dict:
+    tile = 2 * 4096  # elements per loop iteration (taco_triton.kernels._tables.SB_PER_TILE super-blocks)
+    instr = a["instr_per_tile"] * v.num_warps / tile
+    flops16 = sum(f * w for (f, cls), w in a["mma"] if cls == "16") * v.num_warps / tile
+    flops32 = sum(f * w for (f, cls), w in a["mma"] if cls == "tf32") * v.num_warps / tile
+    n_mma = sum(w for _, w in a["mma"]) * v.num_warps / tile
+    t_mem = bytes_per_elem(v) / gpu.copy_bw
+    t_issue = instr / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
+    t_tc = flops16 / (gpu.tc16_tflops * 1e12) + flops32 / (gpu.tf32_tflops * 1e12)
+    occ, limiter = occupancy(gpu, v.num_warps, a["regs"], a["smem_bytes"] + a["smem_dynamic"])
+    bound = 100.0 * t_mem / max(t_mem, t_issue, t_tc)
+    return {"instr_per_elem": round(instr, 4), "mma_per_elem": round(n_mma, 5),
+            "tc_flops_per_elem": round(flops16 + flops32, 1), "occupancy": round(occ, 3), "occupancy_limiter": limiter,
+            "bytes_per_elem": round(bytes_per_elem(v), 4), "pct_copy_bw_bound": round(bound, 1),
+            "bound_by": "memory" if bound >= 99.95 else ("issue" if t_issue >= t_tc else "tensor cores")}
+
+
+def evaluate(v: Variant, target: str) -> dict:
+    gpu = TARGETS[target]
+    row = {**v.row(), "target": target, "gpu_model": gpu.name, "ok": False, "error": ""}
+    try:
+        k = compile_launch(build_launch(v, gpu), gpu)
+        a = analyze_cuda(k, gpu) if gpu.backend == "cuda" else analyze_hip(k, gpu)
+    except Exception as e:  # the exact error is the result
+        msg = str(e).strip().splitlines()
+        row["error"] = (msg[-1] if msg else type(e).__name__)[:400]
+        return row
+    row.update(ok=True, regs=a["regs"], spill_bytes=a["spill_bytes"], smem_bytes=a["smem_bytes"] + a["smem_dynamic"],
+               static_instr=a["static_instr"], **model(v, gpu, a))
+    return row
+
+
+def _evaluate_star(args):
+    return evaluate(*args)
+
+
+def run(which: str, targets: list[str], jobs: int) -> list[dict]:
+    work = [(v, t) for t in targets for v in variants(which)]
+    if jobs <= 1:
+        return [evaluate(v, t) for v, t in work]
+    with concurrent.futures.ProcessPoolExecutor(jobs) as ex:
+        return list(ex.map(_evaluate_star, work, chunksize=4))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--set", dest="which", choices=("ci", "quick", "full"), default="full",
+                    help="ci: default and INT8 configs; quick: the default and its one-field neighbours; full: all")
+    ap.add_argument("--quick", dest="which", action="store_const", const="quick", help="same as --set quick")
+    ap.add_argument("--targets", default=None,
+                    help=f"comma-separated targets of {sorted(TARGETS)} (default: all; --quick: {','.join(QUICK_TARGETS)})")
+    ap.add_argument("--json", type=Path, help="write every row as a JSON list")
+    ap.add_argument("--csv", type=Path, help="write every row as CSV (with machine, commit and date columns)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes in parallel")
+    args = ap.parse_args(argv)
+    targets = args.targets.split(",") if args.targets else list(TARGETS if args.which == "full" else QUICK_TARGETS)
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        ap.error(f"unknown targets {unknown}; known: {sorted(TARGETS)}")
+    rows = run(args.which, targets, args.jobs)
+    import pandas as pd
+
+    from autotune import meta
+
+    df = pd.DataFrame(rows)
+    df["triton"] = meta.triton_version()
+    df["commit"] = meta.git_commit()
+    df["date"] = meta.utc_now()
+    if args.json:
+        args.json.write_text(json.dumps(json.loads(df.to_json(orient="records")), indent=1))
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+    cols = ["kernel", "target", "codec", "group_size", "hadamard", "scales", "rounding", "dtype", "num_warps", "ok",
+            "regs", "spill_bytes", "instr_per_elem", "pct_copy_bw_bound", "bound_by"]
+    with pd.option_context("display.width", 200, "display.max_rows", 400):
+        print(df[[c for c in cols if c in df]].to_string(index=False))
+    failed = df[~df["ok"]]
+    if len(failed):
+        print(f"\n{len(failed)} variants did not compile:")
+        for _, r in failed.iterrows():
+            print(f"  {r['kernel']} {r['target']} {r['codec']} G{r['group_size']}: {r['error']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
