@@ -35,7 +35,8 @@ def test_nan_in_one_rank_poisons_only_its_group_everywhere():
 def test_wire_bytes_at_most_0_52_of_bf16(world):
     r = run_ranks(cases.wire_bytes_ratio, world)[0]
     assert r["compressed"] <= 0.52 * r["native"], r
-    assert set(r["kinds"]) == {"all_to_all", "all_gather"}
+    assert set(r["kinds"]) == {"all_to_all", "all_gather", "fingerprint"}
+    assert r["kinds"]["fingerprint"] == (world - 1) * 8  # one 8-byte fingerprint per call, to each peer
 
 
 def test_triton_kernels_in_the_collective_match_reference():

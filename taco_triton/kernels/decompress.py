@@ -7,6 +7,8 @@ error at the dtype's maximum never produces Inf; NaN groups stay NaN. Reference:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -20,7 +22,7 @@ from ._tile import load_codes, store_dense
 
 @triton.jit
 def _decompress_kernel(
-    codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, numel, n_groups, out_max,
+    codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, numel, n_groups, out_max, inf_above,
     G: tl.constexpr, GPS: tl.constexpr, CODEC: tl.constexpr, HADAMARD: tl.constexpr,
     DUAL: tl.constexpr, HW_CAST: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
@@ -35,11 +37,12 @@ def _decompress_kernel(
         y = vals * sigma[:, None]
     if not DUAL:
         y = tl.div_rn(y, pre[:, None])
-    store_dense(y, out_ptr, offs, numel, out_max, HW_CAST)
+    store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW_CAST)
 
 
-def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
-    """Launch the fused decompress kernel into `out` (contiguous bf16/fp16/fp32)."""
+def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig, inf_above: float = math.inf) -> torch.Tensor:
+    """Launch the fused decompress kernel into `out` (contiguous bf16/fp16/fp32); `inf_above` as
+    in `reference.saturate_cast`."""
     if not out.is_contiguous():
         raise ValueError(f"decompress_triton needs a contiguous `out`, got strides {out.stride()} for shape {tuple(out.shape)}")
     layout = WireLayout.of(out.numel(), config)
@@ -47,7 +50,7 @@ def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: Compression
         return out
     codes, a, b = layout.split(data)
     _decompress_kernel[(layout.n_superblocks,)](
-        codes, a, b, out, out.numel(), layout.n_groups, torch.finfo(out.dtype).max,
+        codes, a, b, out, out.numel(), layout.n_groups, torch.finfo(out.dtype).max, inf_above,
         G=config.group_size, GPS=layout.groups_per_superblock, CODEC=CODEC_IDS[config.codec],
         HADAMARD=config.hadamard, DUAL=config.scales == "dual", **launch_flags(out.is_cuda),
         **launch_params("decompress", out.device, out.dtype, config, out.numel()),

@@ -8,6 +8,8 @@ Reference: `taco_triton.reference.reduce_reference`.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +25,7 @@ from ._tile import load_codes, quantize_store, store_dense, taco_prescale
 @triton.jit
 def _reduce_kernel(
     in_codes_ptr, in_a_ptr, in_b_ptr, stride_codes, stride_a, stride_b, n_ranks,
-    out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, numel, n_groups, seed, scale, out_max,
+    out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, numel, n_groups, seed, scale, out_max, inf_above,
     G: tl.constexpr, GPS: tl.constexpr, CODEC: tl.constexpr, HADAMARD: tl.constexpr,
     DUAL: tl.constexpr, ROUND: tl.constexpr, DENSE: tl.constexpr, HW_CAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
@@ -47,7 +49,7 @@ def _reduce_kernel(
     if DENSE:
         if HADAMARD:
             acc = hadamard_rows(acc, GPS, G, DOT_PREC) * 2.0
-        store_dense(acc, out_ptr, offs, numel, out_max, HW_CAST)
+        store_dense(acc, out_ptr, offs, numel, out_max, inf_above, HW_CAST)
     else:
         finite = group_all_finite(acc)
         if DUAL:
@@ -76,7 +78,7 @@ def _row_views(bufs: torch.Tensor, layout: WireLayout):
 
 def reduce_triton(
     bufs: torch.Tensor, numel: int, config: CompressionConfig, scale: float = 1.0,
-    out: torch.Tensor | None = None, dense_out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, dense_out: torch.Tensor | None = None, inf_above: float = math.inf,
 ) -> torch.Tensor:
     """Launch the fused reduce over `bufs` ([P, stride] uint8, stride % 4 == 0).
 
@@ -101,7 +103,7 @@ def reduce_triton(
     _reduce_kernel[(layout.n_superblocks,)](
         in_c, in_a, in_b, in_c.stride(0), in_a.stride(0), in_b.stride(0), bufs.shape[0],
         o_c, o_a, o_b, target, numel, layout.n_groups, config.seed, scale,
-        torch.finfo(dense_out.dtype).max if dense else 0.0,
+        torch.finfo(dense_out.dtype).max if dense else 0.0, inf_above,
         G=config.group_size, GPS=layout.groups_per_superblock, CODEC=CODEC_IDS[config.codec],
         HADAMARD=config.hadamard, DUAL=config.scales == "dual", ROUND=2 if config.stochastic else 0,
         DENSE=dense, **launch_flags(bufs.is_cuda),
