@@ -303,8 +303,8 @@ def saturate_cast(y: torch.Tensor, dtype: torch.dtype, inf_above: float = math.i
     the largest value, so a reduced sum that overflowed stays visible as in the native collective).
     """
     big = torch.finfo(dtype).max
-    y = torch.where(y > inf_above, math.inf, torch.where(y < -inf_above, -math.inf, y))
-    return torch.where(y > big, big, torch.where(y < -big, -big, y)).to(dtype)
+    clamped = torch.where(y > big, big, torch.where(y < -big, -big, y))
+    return torch.where(y > inf_above, math.inf, torch.where(y < -inf_above, -math.inf, clamped)).to(dtype)
 
 
 def decompress_reference(

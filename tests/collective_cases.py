@@ -204,3 +204,91 @@ def peer_dies(rank: int, world: int) -> str:
     except RuntimeError as e:
         return f"RuntimeError: {e}"[:200]
     return "no error"
+
+
+# ------------------------------------------------------------------ regressions of issue findings
+def _outcome(fn) -> str:
+    """'ok', or the exception's type and message (so each rank reports instead of dying)."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+def findings(rank: int, world: int) -> dict:
+    """One 2-rank session over the findings' scenarios; each entry is what this rank saw."""
+    out = {}
+    # async handles waited in opposite orders on the two ranks (torch's Work allows it)
+    a = torch.full((5000,), float(rank + 1))
+    b = torch.full((5000,), 100.0 * (rank + 1))
+    h1 = taco.all_reduce(a, min_bytes=0, async_op=True)
+    h2 = taco.all_reduce(b, min_bytes=0, async_op=True)
+    for h in ((h1, h2) if rank == 0 else (h2, h1)):
+        h.wait()
+    out["wait_order"] = (a.tolist(), b.tolist())
+    # one rank waits before its next collective, the other after it
+    c = torch.full((5000,), float(rank + 1))
+    h = taco.all_reduce(c, min_bytes=0, async_op=True)
+    if rank == 0:
+        h.wait()
+    d = torch.full((5000,), float(rank + 1))
+    taco.all_reduce(d, min_bytes=0)
+    h.wait()
+    out["wait_late"] = (c.tolist(), d.tolist())
+    # native path on views: strided columns of an int tensor and of a float tensor (CPU default)
+    for name, dtype in (("int", torch.int64), ("float", torch.float32)):
+        big = (torch.arange(40) + 1000 * rank).reshape(4, 10).to(dtype)
+        view = big[:, ::2]
+        taco.all_reduce(view)
+        out[f"view_{name}"] = big.tolist()
+    out["expanded"] = _outcome(lambda: taco.all_reduce(torch.zeros(3, 1).expand(3, 4)))
+    # autograd: the collective is invisible to it, as dist.all_reduce is
+    for path, mb in (("compressed", 0), ("native", None)):
+        x = torch.randn(300, requires_grad=True)
+        y = x * 2
+        taco.all_reduce(y, min_bytes=mb)
+        y.sum().backward()
+        out[f"grad_{path}"] = x.grad.tolist()
+        leaf = torch.randn(300, requires_grad=True)
+        out[f"leaf_{path}"] = _outcome(lambda: taco.all_reduce(leaf, min_bytes=mb))
+    # overflow: a sum 5% past the rounding margin (fp16 40000 per rank for E4M3) is inf natively
+    # and must stay inf; a sum at the max saturates
+    from taco_triton.collectives.compressed import overflow_threshold
+
+    for cfg in CONFIGS:
+        per_rank = max(40000.0, 1.05 * overflow_threshold(cfg, torch.float16) / world)
+        big = torch.full((4096,), per_rank, dtype=torch.float16)
+        taco.all_reduce(big, config=cfg, min_bytes=0)
+        at_max = torch.full((4096,), torch.finfo(torch.float16).max / world, dtype=torch.float16)
+        taco.all_reduce(at_max, config=cfg, min_bytes=0)
+        rs_out = torch.empty(4096, dtype=torch.float16)
+        taco.reduce_scatter(rs_out, torch.full((4096 * world,), per_rank, dtype=torch.float16), config=cfg, min_bytes=0)
+        out[f"overflow_{cfg.codec}"] = (bool(big.isposinf().all()), bool(torch.isfinite(at_max).all()),
+                                        float(at_max.float().min()), bool(rs_out.isposinf().all()))
+    # op="avg" on an integer tensor: rejected before it is touched
+    i = torch.arange(6) + rank
+    out["int_avg"] = (_outcome(lambda: taco.all_reduce(i, op="avg")), i.tolist())
+    # a rank outside the group: a no-op, as natively
+    sub = dist.new_group([0])
+    s = torch.ones(5000)
+    out["outside_group"] = (_outcome(lambda: taco.all_reduce(s, group=sub, min_bytes=0)), float(s.sum()))
+    # ranks that disagree: every rank raises ValueError naming both sides, nobody hangs or diverges
+    disagree = {
+        "op": dict(op="sum" if rank == 0 else "avg", min_bytes=0),
+        "min_bytes": dict(min_bytes=0 if rank == 0 else 1 << 30),
+        "pipeline": dict(min_bytes=0, pipeline=1 if rank == 0 else 2),
+        "codec": dict(min_bytes=0, config=CONFIGS[rank % 2]),
+        "group_size": dict(min_bytes=0, config=taco.CompressionConfig(group_size=128 if rank == 0 else 64)),
+    }
+    for name, kwargs in disagree.items():
+        t = torch.randn(3 * SUPERBLOCK_ELEMS * 2)
+        before = t.clone()
+        out[f"disagree_{name}"] = (_outcome(lambda: taco.all_reduce(t, **kwargs)), torch.equal(t, before))
+    t = torch.randn(100 + rank)
+    out["disagree_shape"] = _outcome(lambda: taco.all_reduce(t, min_bytes=0))
+    # with the fingerprint exchange off, the per-slot tags still catch a config mismatch
+    t = torch.randn(5000)
+    out["tags_catch_codec"] = _outcome(lambda: taco.all_reduce(t, min_bytes=0, config=CONFIGS[rank % 2], check=False))
+    dist.barrier()
+    return out

@@ -80,6 +80,6 @@ def load_codes(pid, rows, row_ok, offs, codes_ptr, a_ptr, b_ptr, CODEC: tl.const
 def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW_CAST: tl.constexpr):
     """Clamp y to the output dtype's finite range (NaN stays NaN), cast, store the valid part.
     Magnitudes above `inf_above` (inf: never) become +-inf: an overflowed reduced sum stays visible."""
-    y = tl.where(y > inf_above, float("inf"), tl.where(y < -inf_above, float("-inf"), y))
-    y = tl.where(y > out_max, out_max, tl.where(y < -out_max, -out_max, y))
+    clamped = tl.where(y > out_max, out_max, tl.where(y < -out_max, -out_max, y))
+    y = tl.where(y > inf_above, float("inf"), tl.where(y < -inf_above, float("-inf"), clamped))
     tl.store(out_ptr + offs, to_out_dtype(y, out_ptr, HW_CAST), mask=offs < numel)
