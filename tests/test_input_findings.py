@@ -109,7 +109,8 @@ def test_validate_rejects_codes_compress_never_writes(codec, code):
 
 def test_bf16_subnormals_decode_as_the_interpreter_loads_them():
     """Triton's interpreter flushes bf16 subnormals to zero on load, so the Triton backend run in
-    it decodes them as zeros; the torch reference (and compiled kernels) keep them."""
+    it loses them (its result is outside the format's bound); the torch reference keeps them.
+    That is why the property tests draw magnitudes from 1e-30 up, above bf16's subnormals."""
     x = (torch.arange(1, 128, dtype=torch.float32) * 2.0**-133).to(torch.bfloat16)  # all subnormal in bf16
     assert bool((x.float().abs() < torch.finfo(torch.bfloat16).tiny).all())
     cfg = taco.CompressionConfig(hadamard=False)
@@ -118,7 +119,7 @@ def test_bf16_subnormals_decode_as_the_interpreter_loads_them():
     assert rel <= 2 * cfg.spec.relative_rounding
     if env.interpreting():
         got = taco.decompress(taco.compress(x, cfg, backend="triton"), backend="triton")
-        assert bool((got == 0).all())
+        assert float((got.double() - x.double()).norm() / x.double().norm()) > 2 * cfg.spec.relative_rounding
 
 
 def test_megatron_disable_keeps_a_patch_applied_after_enable():
