@@ -292,3 +292,97 @@ def findings(rank: int, world: int) -> dict:
     out["tags_catch_codec"] = _outcome(lambda: taco.all_reduce(t, min_bytes=0, config=CONFIGS[rank % 2], check=False))
     dist.barrier()
     return out
+
+
+# ------------------------------------------------------------------ randomized soak
+SOAK_SIZES = [0, 1, 7, 129, 4095, 4097]
+
+
+def _soak_op(rng, world):
+    """One random collective, drawn from the generator every rank shares (same calls everywhere)."""
+    kind = rng.choice(["all_reduce", "all_reduce", "reduce_scatter", "all_gather"])
+    dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32, torch.int32])
+    return dict(kind=kind, n=rng.choice(SOAK_SIZES), dtype=dtype, cfg=rng.choice(CONFIGS),
+                op=rng.choice(["sum", "avg"]) if dtype.is_floating_point and kind != "all_gather" else "sum",
+                compress=rng.random() < 0.6, view=rng.random() < 0.3, pipeline=rng.choice([1, 2, "auto"]))
+
+
+def _soak_data(gen, n, dtype, view):
+    """n values; as a strided view (every other column of a wider tensor) when `view`."""
+    x = torch.randn(n, 2, generator=gen) * 4 if view else torch.randn(n, generator=gen) * 4
+    x = x.round() if not dtype.is_floating_point else x
+    x = x.to(dtype)
+    return x[:, 0] if view else x
+
+
+def _soak_issue(spec, rank, world, gen):
+    """(work, result tensor, native result, bound) for one collective issued async; the native
+    collective runs first on copies so both see the same inputs."""
+    n, dtype = spec["n"], spec["dtype"]
+    kw = dict(config=spec["cfg"], min_bytes=0 if spec["compress"] else 1 << 40, pipeline=spec["pipeline"], async_op=True)
+    compressed = spec["compress"] and dtype.is_floating_point
+    if spec["kind"] == "all_reduce":
+        x = _soak_data(gen, n, dtype, spec["view"])
+        inputs = _gather_all(x, world)
+        want = x.clone()
+        dist.all_reduce(want)
+        if spec["op"] == "avg":
+            want.div_(world)
+        bound = two_quantization_bound(inputs, spec["cfg"], dtype, spec["op"]) if compressed and n else 0.0
+        return taco.all_reduce(x, op=spec["op"], **kw), x, want, bound
+    shard = _soak_data(gen, n, dtype, False)
+    if spec["kind"] == "all_gather":
+        out = torch.empty(world * n, 2, dtype=dtype)[:, 0] if spec["view"] else torch.empty(world * n, dtype=dtype)
+        want = torch.empty(world * n, dtype=dtype)
+        dist.all_gather_into_tensor(want, shard)
+        if compressed:  # exact: every slice is the owner's single compression
+            want = torch.cat([taco.decompress(taco.compress(s, spec["cfg"], backend="torch"), backend="torch")
+                              for s in _gather_all(shard, world)])
+        kw.pop("op", None)
+        return taco.all_gather(out, shard, **kw), out, want, 0.0
+    inp = _soak_data(gen, world * n, dtype, False)
+    out = torch.empty(n, 2, dtype=dtype)[:, 0] if spec["view"] else torch.empty(n, dtype=dtype)
+    want = torch.empty(n, dtype=dtype)
+    dist.reduce_scatter_tensor(want, inp.clone())
+    if spec["op"] == "avg":
+        want.div_(world)
+    bound = 0.0
+    if compressed and n:  # each rank's quantization of its slice, then a dense FP32 sum and one rounding
+        scale = 1.0 / world if spec["op"] == "avg" else 1.0
+        for t in _gather_all(inp, world):
+            piece = t[rank * n : (rank + 1) * n].contiguous()
+            bound += scale * bounds.l2_error_bound(piece, taco.compress(piece, spec["cfg"], backend="torch"), torch.float32)
+        bound += float(want.double().norm()) * (torch.finfo(dtype).eps + world * 2.0**-22)
+    return taco.reduce_scatter(out, inp, op=spec["op"], **kw), out, want, bound
+
+
+def soak(rank: int, world: int, n_ops: int, seed: int) -> dict:
+    """`n_ops` random collectives in batches of 1-3 async calls waited in a per-rank order; each
+    result equals the native collective's (exactly on the native path, within the format's bound
+    on the compressed one) and is bitwise identical across ranks."""
+    import random
+
+    shared = random.Random(seed)  # the calls: the same on every rank
+    mine = random.Random(seed * 1000 + rank)  # the wait order: this rank's own
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    done, compressed = 0, 0
+    while done < n_ops:
+        batch = [_soak_op(shared, world) for _ in range(shared.randint(1, 3))]
+        issued = [_soak_issue(spec, rank, world, gen) for spec in batch]
+        order = list(range(len(batch)))
+        mine.shuffle(order)
+        for i in order:
+            issued[i][0].wait() if issued[i][0] is not None else None
+        for spec, (_, got, want, bound) in zip(batch, issued):
+            exact = bound == 0.0 and not (spec["compress"] and spec["dtype"].is_floating_point and spec["kind"] != "all_gather" and spec["n"])
+            if exact:
+                assert torch.equal(got.contiguous().view(-1), want.view(-1)), (spec, got, want)
+            else:
+                err = float((got.double().reshape(-1) - want.double().reshape(-1)).norm())
+                assert err <= bound, (spec, err, bound)
+                compressed += 1
+            if spec["kind"] != "reduce_scatter":  # every rank holds the same result
+                every = _gather_all(torch.empty(got.numel(), dtype=got.dtype).copy_(got.reshape(-1)), world)
+                assert all(torch.equal(e.view(torch.uint8), every[0].view(torch.uint8)) for e in every), spec
+        done += len(batch)
+    return {"ops": done, "compressed_within_bound": compressed}
