@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-thorough bench notebooks clean
+.PHONY: demo test test-thorough soak bench notebooks clean
 
 $(STAMP): pyproject.toml Makefile
 	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
@@ -27,6 +27,10 @@ test: $(STAMP)
 
 test-thorough: $(STAMP)
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q --timeout=1800
+
+# the randomized collectives soak, long: 2000 collectives on 3 gloo ranks (CI runs 100)
+soak: $(STAMP)
+	SOAK_OPS=$${SOAK_OPS:-2000} $(PY) -m pytest -q --timeout=7200 tests/test_collectives.py -k soak
 
 notebooks: $(STAMP)
 	$(PY) notebooks/run_all.py

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .config import CODECS, GROUP_SIZES, CompressionConfig
+from .config import CODECS, GROUP_SIZES, SUPERBLOCK_ELEMS, CompressionConfig
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,9 @@ class CalibrationResult:
 
     `table` (pandas DataFrame) has one row per candidate: codec, group_size, hadamard,
     bytes_per_element (wire bytes incl. scales, over the samples), ratio_vs_bf16, rel_l2_mean,
-    rel_l2_max (relative L2 error ||x - x'|| / ||x|| over the samples), within_budget, chosen.
+    rel_l2_max (relative L2 error ||x - x'|| / ||x|| over the samples), rate_bytes_per_element
+    (the config's wire bytes per element on whole super-blocks, what the budget is compared
+    with), within_budget, chosen.
     """
 
     config: CompressionConfig
@@ -57,9 +59,11 @@ def calibrate(
         samples: tensors like the ones that will be communicated (finite values).
         candidates: configs to consider; default `default_candidates()` (3 codecs x 5 group
             sizes x Hadamard on/off).
-        max_bytes_per_element: budget in wire bytes per element, scales included. Every 8-bit
-            codec needs 1 + 1/G + 4/4096 bytes ("dual" scales) or 1 + 8/G ("taco_fp32x2"); the
-            default 1.0625 (ratio 1.88x vs bf16) admits all dual configs.
+        max_bytes_per_element: budget in wire bytes per element, scales included, compared with
+            each config's rate on whole super-blocks of 4096 elements: 1 + 1/G + 4/4096 bytes
+            ("dual" scales) or 1 + 8/G ("taco_fp32x2"). The default 1.0625 (ratio 1.88x vs
+            bf16) admits all dual configs, whatever the samples' sizes (a sample smaller than a
+            super-block pays its FP32 scale over fewer elements; `bytes_per_element` shows that).
         backend: as in `taco_triton.compress`.
 
     Returns:
@@ -93,19 +97,20 @@ def calibrate(
             nbytes += c.nbytes
             errs.append(relative_l2(s, decompress(c, backend=backend)))
         bpe = nbytes / max(total, 1)
+        rate = cfg.bytes_per_element(SUPERBLOCK_ELEMS)
         rows.append(dict(
             codec=cfg.codec, group_size=cfg.group_size, hadamard=cfg.hadamard, scales=cfg.scales,
             bytes_per_element=bpe, ratio_vs_bf16=2 / bpe if bpe else float("nan"),
             rel_l2_mean=sum(errs) / len(errs), rel_l2_max=max(errs),
-            within_budget=bpe <= max_bytes_per_element, config=cfg,
+            rate_bytes_per_element=rate, within_budget=rate <= max_bytes_per_element, config=cfg,
         ))
     table = pd.DataFrame(rows)
     fit = table[table.within_budget]
     if fit.empty:
-        cheapest = table.loc[table.bytes_per_element.idxmin()]
+        cheapest = table.loc[table.rate_bytes_per_element.idxmin()]
         raise ValueError(
             f"no candidate fits max_bytes_per_element={max_bytes_per_element}; the cheapest needs "
-            f"{cheapest.bytes_per_element:.4f} ({cheapest.codec}, G={cheapest.group_size})"
+            f"{cheapest.rate_bytes_per_element:.4f} ({cheapest.codec}, G={cheapest.group_size})"
         )
     best = fit.sort_values(["rel_l2_mean", "bytes_per_element"], kind="stable").index[0]
     table["chosen"] = table.index == best

@@ -87,6 +87,7 @@ def decompress(c: Compressed, *, out: torch.Tensor | None = None, backend: str =
             f"Compressed.data must be 1-D uint8 with {expected} bytes for shape {tuple(c.shape)}, got "
             f"{c.data.dtype} with shape {tuple(c.data.shape)}"
         )
+    c = c.aligned()  # odd-offset or strided data: copied, so its FP32 scales can be viewed
     if out is None:
         return ops.decompress_op(c.data, c.numel, c.dtype, *_fields(c.config), backend).view(c.shape)
     if out.numel() != c.numel or out.dtype not in INPUT_DTYPES or out.device != c.data.device:

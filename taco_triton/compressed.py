@@ -19,6 +19,13 @@ _LEN = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 _MAX_NDIM = 16
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_MAX_STRIDE = 2**63 - 1  # the product of a shape's non-zero dims is a stride: it must fit int64
+#: Codes compress never writes (it saturates): FP8 NaN (E4M3) or Inf/NaN (E5M2), INT8 -128.
+_IMPOSSIBLE_CODES = {
+    "fp8_e4m3": lambda c: (c & 0x7F) == 0x7F,
+    "fp8_e5m2": lambda c: (c & 0x7C) == 0x7C,
+    "int8": lambda c: c == 0x80,
+}
 
 
 class Compressed(NamedTuple):
@@ -98,6 +105,11 @@ class Compressed(NamedTuple):
                 raise ValueError(f"super-block of {sb} elements (this build uses {SUPERBLOCK_ELEMS})")
             if min(shape, default=0) < 0 or had > 1 or dt >= len(_DTYPES):
                 raise ValueError(f"shape {shape}, hadamard {had}, dtype id {dt}")
+            extent = 1
+            for d in shape:
+                extent *= max(d, 1)
+            if extent > _MAX_STRIDE:
+                raise ValueError(f"shape {shape}: the product of its non-zero dims exceeds 2**63 - 1")
             config = CompressionConfig(CODECS[codec], g, bool(had), SCALE_MODES[scales], ROUNDINGS[rnd], seed)
         except (IndexError, ValueError) as e:
             raise ValueError(f"corrupt taco_triton header: {e}") from None
@@ -116,10 +128,32 @@ class Compressed(NamedTuple):
     def to(self, device) -> "Compressed":
         return self._replace(data=self.data.to(device))
 
+    def aligned(self) -> "Compressed":
+        """This `Compressed`, with `data` copied into fresh storage if it is not a contiguous
+        1-D tensor starting 16-byte aligned (a slice cut from a receive buffer at an odd offset
+        cannot be viewed as FP32 scales)."""
+        d = self.data
+        if torch.compiler.is_compiling():  # traced graphs hold tensors the compiler allocated (aligned)
+            return self
+        if d.dim() == 1 and d.is_contiguous() and d.data_ptr() % 16 == 0:
+            return self
+        return self._replace(data=d.clone(memory_format=torch.contiguous_format))
+
     def validate(self) -> None:
-        """Check the scales are ones compress can produce; raises ValueError otherwise."""
+        """Check the buffer is one compress can produce: its size, its scales and its codes;
+        raises ValueError otherwise. Misaligned or strided `data` is checked on an aligned copy."""
+        if not isinstance(self.data, torch.Tensor) or self.data.dtype != torch.uint8 or self.data.dim() != 1:
+            raise ValueError(f"Compressed.data must be a 1-D uint8 tensor, got {getattr(self.data, 'dtype', type(self.data))} "
+                             f"with shape {tuple(getattr(self.data, 'shape', ()))}")
         layout = WireLayout.of(self.numel, self.config)
-        _, a, b = layout.split(self.data)
+        codes, a, b = layout.split(self.aligned().data)
+        bad_codes = _IMPOSSIBLE_CODES[self.config.codec](codes)
+        if bool(bad_codes.any()):
+            first = int(bad_codes.reshape(-1).nonzero()[0, 0])
+            raise ValueError(
+                f"invalid codes in taco_triton buffer: {int(bad_codes.sum())} {self.config.codec} codes compress "
+                f"never writes, the first 0x{int(codes.reshape(-1)[first]):02x} at element {first}"
+            )
         if self.config.scales == "dual":
             bad_sb = ~(torch.isfinite(a) & (a >= 0))
             bad_g = (b > 240) & (b != 255)

@@ -54,6 +54,15 @@ class CodecSpec:
         e = torch.floor(torch.log2(v.clamp_min(2.0**self.emin)))
         return torch.exp2(e - self.mbits - 1)
 
+    @property
+    def relative_rounding(self) -> float:
+        """Largest relative rounding error of a group's largest code: 2^-(mbits+1) for normal
+        floating codes; for integer codes half a step at the smallest code the group maximum can
+        get, code_max / (1 + 2^-4) (the 8-bit group scale rounds up by less than 2^-4)."""
+        if self.is_float:
+            return 2.0 ** -(self.mbits + 1)
+        return 0.5 * (1 + 2.0**-4) / self.code_max
+
 
 CODEC_SPECS = {
     "fp8_e4m3": CodecSpec("fp8_e4m3", 448.0, 3, -6, torch.float8_e4m3fn, True),
@@ -63,8 +72,11 @@ CODEC_SPECS = {
 
 
 def _check_choice(field: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"CompressionConfig.{field}={value!r} is not supported; allowed: {list(allowed)}")
+    # exact types: 128.0, True or a tensor compare equal to an allowed value but are not one
+    if type(value) is not type(allowed[0]) or value not in allowed:
+        raise ValueError(
+            f"CompressionConfig.{field}={value!r} ({type(value).__name__}) is not supported; allowed: {list(allowed)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -109,8 +121,10 @@ class CompressionConfig:
             raise ValueError(f"CompressionConfig.hadamard must be a bool, got {self.hadamard!r}")
         if not isinstance(self.enabled, bool):
             raise ValueError(f"CompressionConfig.enabled must be a bool, got {self.enabled!r}")
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
-            raise ValueError(f"CompressionConfig.seed must be an int in [0, 2**31), got {self.seed!r}")
+        if type(self.seed) is not int or not 0 <= self.seed < 2**31:
+            raise ValueError(
+                f"CompressionConfig.seed must be an int in [0, 2**31), got {self.seed!r} ({type(self.seed).__name__})"
+            )
 
     @property
     def spec(self) -> CodecSpec:

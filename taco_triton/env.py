@@ -5,7 +5,8 @@
 | TRITON_INTERPRET=1         | Triton's CPU interpreter; lets backend="triton" run on CPU     |
 |                            | tensors. Must be set before taco_triton.kernels is imported.   |
 | TACO_TRITON_POISON_ALLOC=1 | fill library-allocated outputs with NaN / 0xFF (tests)         |
-| TACO_TRITON_CHECK_COLLECTIVES=1 | collectives first compare shape/dtype/config across ranks |
+| TACO_TRITON_CHECK_COLLECTIVES=0 | collectives skip the 8-byte fingerprint exchange that   |
+|                            | checks every rank called the same collective (default: on)     |
 | TACO_AUTOTUNE=cached       | launch parameters of the kernels (`autotune` package):         |
 |                            | `cached` (default) reads the shipped per-GPU files and the     |
 |                            | user's cache; `online` also times every config on a miss and   |
@@ -54,5 +55,5 @@ def autotune_cache_path() -> str:
 
 
 def check_collectives() -> bool:
-    """True when collectives verify (shape, dtype, config, op) agree across ranks first."""
-    return os.environ.get("TACO_TRITON_CHECK_COLLECTIVES", "0") == "1"
+    """True (the default) when collectives first verify the ranks agree on the call's signature."""
+    return os.environ.get("TACO_TRITON_CHECK_COLLECTIVES", "1") != "0"

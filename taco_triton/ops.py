@@ -7,6 +7,8 @@ only primitive arguments.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import alloc, env, reference
@@ -122,27 +124,30 @@ def compress_into(x: torch.Tensor, config: CompressionConfig, out: torch.Tensor,
     return out
 
 
-def decompress_into(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
-    """Decompress a wire buffer into contiguous `out`."""
+def decompress_into(
+    data: torch.Tensor, out: torch.Tensor, config: CompressionConfig, backend: str = "auto", *, inf_above: float = math.inf
+) -> torch.Tensor:
+    """Decompress a wire buffer into contiguous `out` (`inf_above`: see `reference.saturate_cast`)."""
     if resolve_backend(backend, data.device) == "triton":
         from .kernels.decompress import decompress_triton
 
-        return decompress_triton(data, out, config)
-    out.view(-1).copy_(reference.decompress_reference(data, out.numel(), config, out.dtype))
+        return decompress_triton(data, out, config, inf_above)
+    out.view(-1).copy_(reference.decompress_reference(data, out.numel(), config, out.dtype, inf_above))
     return out
 
 
 def reduce_into(
     bufs: torch.Tensor, numel: int, config: CompressionConfig, scale: float, *, out: torch.Tensor | None = None,
-    dense_out: torch.Tensor | None = None, backend: str = "auto",
+    dense_out: torch.Tensor | None = None, backend: str = "auto", inf_above: float = math.inf,
 ) -> torch.Tensor:
-    """Sum P ranks' wire buffers of one chunk ([P, stride] uint8): compressed into `out` or dense into `dense_out`."""
+    """Sum P ranks' wire buffers of one chunk ([P, stride] uint8): compressed into `out` or dense into
+    `dense_out` (`inf_above`: see `reference.saturate_cast`)."""
     if resolve_backend(backend, bufs.device) == "triton":
         from .kernels.reduce import reduce_triton
 
-        return reduce_triton(bufs, numel, config, scale, out=out, dense_out=dense_out)
+        return reduce_triton(bufs, numel, config, scale, out=out, dense_out=dense_out, inf_above=inf_above)
     if dense_out is not None:
-        dense_out.view(-1).copy_(reference.reduce_reference(bufs, numel, config, scale, dense_out.dtype))
+        dense_out.view(-1).copy_(reference.reduce_reference(bufs, numel, config, scale, dense_out.dtype, inf_above))
         return dense_out
     data = reference.reduce_reference(bufs, numel, config, scale)
     return data if out is None else out.copy_(data)

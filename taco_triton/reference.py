@@ -25,6 +25,7 @@ Bit-level conventions shared with the kernels (`taco_triton/kernels/`):
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -305,16 +306,23 @@ def load_codes(data: torch.Tensor, numel: int, config: CompressionConfig):
     return decode_codes(codes, spec), b, a
 
 
-def saturate_cast(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Cast to `dtype`, clamping finite overflow to the dtype's largest value (NaN stays NaN)."""
+def saturate_cast(y: torch.Tensor, dtype: torch.dtype, inf_above: float = math.inf) -> torch.Tensor:
+    """Cast to `dtype`, clamping finite overflow to the dtype's largest value (NaN stays NaN).
+
+    Magnitudes above `inf_above` become +-inf instead (the collectives pass a threshold just past
+    the largest value, so a reduced sum that overflowed stays visible as in the native collective).
+    """
     big = torch.finfo(dtype).max
-    return torch.where(y > big, big, torch.where(y < -big, -big, y)).to(dtype)
+    clamped = torch.where(y > big, big, torch.where(y < -big, -big, y))
+    return torch.where(y > inf_above, math.inf, torch.where(y < -inf_above, -math.inf, clamped)).to(dtype)
 
 
 def decompress_reference(
-    data: torch.Tensor, numel: int, config: CompressionConfig, dtype: torch.dtype = torch.float32
+    data: torch.Tensor, numel: int, config: CompressionConfig, dtype: torch.dtype = torch.float32,
+    inf_above: float = math.inf,
 ) -> torch.Tensor:
-    """Inverse of `compress_reference`: a flat tensor of `numel` values of `dtype`."""
+    """Inverse of `compress_reference`: a flat tensor of `numel` values of `dtype` (`inf_above`:
+    see `saturate_cast`)."""
     vals, sigma, pre = load_codes(data, numel, config)
     if config.hadamard:  # +-1 transform of the codes first, then one scale multiply per element
         y = (vals @ hadamard_matrix(config.group_size, device=vals.device)) * (2.0 * sigma)[:, None]
@@ -322,12 +330,12 @@ def decompress_reference(
         y = vals * sigma[:, None]
     if pre is not None:
         y = y / pre[:, None]
-    return saturate_cast(y.reshape(-1)[:numel], dtype)
+    return saturate_cast(y.reshape(-1)[:numel], dtype, inf_above)
 
 
 def reduce_reference(
     bufs: torch.Tensor, numel: int, config: CompressionConfig, scale: float = 1.0,
-    dense_dtype: torch.dtype | None = None,
+    dense_dtype: torch.dtype | None = None, inf_above: float = math.inf,
 ) -> torch.Tensor:
     """The collectives' fused step: dequantize P wire buffers of one chunk, sum, requantize.
 
@@ -350,7 +358,7 @@ def reduce_reference(
     g = config.group_size
     if dense_dtype is not None:
         y = (acc @ hadamard_matrix(g, device=acc.device)) * 2.0 if config.hadamard else acc
-        return saturate_cast(y.reshape(-1)[:numel], dense_dtype)
+        return saturate_cast(y.reshape(-1)[:numel], dense_dtype, inf_above)
     pre = None
     if config.scales == "taco_fp32x2":  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
         ms = mean_square(acc) * (4.0 * g if config.hadamard else 1.0)

@@ -204,3 +204,185 @@ def peer_dies(rank: int, world: int) -> str:
     except RuntimeError as e:
         return f"RuntimeError: {e}"[:200]
     return "no error"
+
+
+# ------------------------------------------------------------------ regressions of issue findings
+def _outcome(fn) -> str:
+    """'ok', or the exception's type and message (so each rank reports instead of dying)."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+def findings(rank: int, world: int) -> dict:
+    """One 2-rank session over the findings' scenarios; each entry is what this rank saw."""
+    out = {}
+    # async handles waited in opposite orders on the two ranks (torch's Work allows it)
+    a = torch.full((5000,), float(rank + 1))
+    b = torch.full((5000,), 100.0 * (rank + 1))
+    h1 = taco.all_reduce(a, min_bytes=0, async_op=True)
+    h2 = taco.all_reduce(b, min_bytes=0, async_op=True)
+    for h in ((h1, h2) if rank == 0 else (h2, h1)):
+        h.wait()
+    out["wait_order"] = (a.tolist(), b.tolist())
+    # one rank waits before its next collective, the other after it
+    c = torch.full((5000,), float(rank + 1))
+    h = taco.all_reduce(c, min_bytes=0, async_op=True)
+    if rank == 0:
+        h.wait()
+    d = torch.full((5000,), float(rank + 1))
+    taco.all_reduce(d, min_bytes=0)
+    h.wait()
+    out["wait_late"] = (c.tolist(), d.tolist())
+    # native path on views: strided columns of an int tensor and of a float tensor (CPU default)
+    for name, dtype in (("int", torch.int64), ("float", torch.float32)):
+        big = (torch.arange(40) + 1000 * rank).reshape(4, 10).to(dtype)
+        view = big[:, ::2]
+        taco.all_reduce(view)
+        out[f"view_{name}"] = big.tolist()
+    out["expanded"] = _outcome(lambda: taco.all_reduce(torch.zeros(3, 1).expand(3, 4)))
+    # autograd: the collective is invisible to it, as dist.all_reduce is
+    for path, mb in (("compressed", 0), ("native", None)):
+        x = torch.randn(300, requires_grad=True)
+        y = x * 2
+        taco.all_reduce(y, min_bytes=mb)
+        y.sum().backward()
+        out[f"grad_{path}"] = x.grad.tolist()
+        leaf = torch.randn(300, requires_grad=True)
+        out[f"leaf_{path}"] = _outcome(lambda: taco.all_reduce(leaf, min_bytes=mb))
+    # overflow: a sum 5% past the rounding margin (fp16 40000 per rank for E4M3) is inf natively
+    # and must stay inf; a sum at the max saturates
+    from taco_triton.collectives.compressed import overflow_threshold
+
+    for cfg in CONFIGS:
+        per_rank = max(40000.0, 1.05 * overflow_threshold(cfg, torch.float16) / world)
+        big = torch.full((4096,), per_rank, dtype=torch.float16)
+        taco.all_reduce(big, config=cfg, min_bytes=0)
+        at_max = torch.full((4096,), torch.finfo(torch.float16).max / world, dtype=torch.float16)
+        taco.all_reduce(at_max, config=cfg, min_bytes=0)
+        rs_out = torch.empty(4096, dtype=torch.float16)
+        taco.reduce_scatter(rs_out, torch.full((4096 * world,), per_rank, dtype=torch.float16), config=cfg, min_bytes=0)
+        out[f"overflow_{cfg.codec}"] = (bool(big.isposinf().all()), bool(torch.isfinite(at_max).all()),
+                                        float(at_max.float().min()), bool(rs_out.isposinf().all()))
+    # op="avg" on an integer tensor: rejected before it is touched
+    i = torch.arange(6) + rank
+    out["int_avg"] = (_outcome(lambda: taco.all_reduce(i, op="avg")), i.tolist())
+    # a rank outside the group: a no-op, as natively
+    sub = dist.new_group([0])
+    s = torch.ones(5000)
+    out["outside_group"] = (_outcome(lambda: taco.all_reduce(s, group=sub, min_bytes=0)), float(s.sum()))
+    # ranks that disagree: every rank raises ValueError naming both sides, nobody hangs or diverges
+    disagree = {
+        "op": dict(op="sum" if rank == 0 else "avg", min_bytes=0),
+        "min_bytes": dict(min_bytes=0 if rank == 0 else 1 << 30),
+        "pipeline": dict(min_bytes=0, pipeline=1 if rank == 0 else 2),
+        "codec": dict(min_bytes=0, config=CONFIGS[rank % 2]),
+        "group_size": dict(min_bytes=0, config=taco.CompressionConfig(group_size=128 if rank == 0 else 64)),
+    }
+    for name, kwargs in disagree.items():
+        t = torch.randn(3 * SUPERBLOCK_ELEMS * 2)
+        before = t.clone()
+        out[f"disagree_{name}"] = (_outcome(lambda: taco.all_reduce(t, **kwargs)), torch.equal(t, before))
+    t = torch.randn(100 + rank)
+    out["disagree_shape"] = _outcome(lambda: taco.all_reduce(t, min_bytes=0))
+    # with the fingerprint exchange off, the per-slot tags still catch a config mismatch
+    t = torch.randn(5000)
+    out["tags_catch_codec"] = _outcome(lambda: taco.all_reduce(t, min_bytes=0, config=CONFIGS[rank % 2], check=False))
+    dist.barrier()
+    return out
+
+
+# ------------------------------------------------------------------ randomized soak
+SOAK_SIZES = [0, 1, 7, 129, 4095, 4097]
+
+
+def _soak_op(rng, world):
+    """One random collective, drawn from the generator every rank shares (same calls everywhere)."""
+    kind = rng.choice(["all_reduce", "all_reduce", "reduce_scatter", "all_gather"])
+    dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32, torch.int32])
+    return dict(kind=kind, n=rng.choice(SOAK_SIZES), dtype=dtype, cfg=rng.choice(CONFIGS),
+                op=rng.choice(["sum", "avg"]) if dtype.is_floating_point and kind != "all_gather" else "sum",
+                compress=rng.random() < 0.6, view=rng.random() < 0.3, pipeline=rng.choice([1, 2, "auto"]))
+
+
+def _soak_data(gen, n, dtype, view):
+    """n values; as a strided view (every other column of a wider tensor) when `view`."""
+    x = torch.randn(n, 2, generator=gen) * 4 if view else torch.randn(n, generator=gen) * 4
+    x = x.round() if not dtype.is_floating_point else x
+    x = x.to(dtype)
+    return x[:, 0] if view else x
+
+
+def _soak_issue(spec, rank, world, gen):
+    """(work, result tensor, native result, bound) for one collective issued async; the native
+    collective runs first on copies so both see the same inputs."""
+    n, dtype = spec["n"], spec["dtype"]
+    kw = dict(config=spec["cfg"], min_bytes=0 if spec["compress"] else 1 << 40, pipeline=spec["pipeline"], async_op=True)
+    compressed = spec["compress"] and dtype.is_floating_point
+    if spec["kind"] == "all_reduce":
+        x = _soak_data(gen, n, dtype, spec["view"])
+        inputs = _gather_all(x, world)
+        want = x.clone()
+        dist.all_reduce(want)
+        if spec["op"] == "avg":
+            want.div_(world)
+        bound = two_quantization_bound(inputs, spec["cfg"], dtype, spec["op"]) if compressed and n else 0.0
+        return taco.all_reduce(x, op=spec["op"], **kw), x, want, bound
+    shard = _soak_data(gen, n, dtype, False)
+    if spec["kind"] == "all_gather":
+        out = torch.empty(world * n, 2, dtype=dtype)[:, 0] if spec["view"] else torch.empty(world * n, dtype=dtype)
+        want = torch.empty(world * n, dtype=dtype)
+        dist.all_gather_into_tensor(want, shard)
+        if compressed:  # exact: every slice is the owner's single compression
+            want = torch.cat([taco.decompress(taco.compress(s, spec["cfg"], backend="torch"), backend="torch")
+                              for s in _gather_all(shard, world)])
+        kw.pop("op", None)
+        return taco.all_gather(out, shard, **kw), out, want, 0.0
+    inp = _soak_data(gen, world * n, dtype, False)
+    out = torch.empty(n, 2, dtype=dtype)[:, 0] if spec["view"] else torch.empty(n, dtype=dtype)
+    want = torch.empty(n, dtype=dtype)
+    dist.reduce_scatter_tensor(want, inp.clone())
+    if spec["op"] == "avg":
+        want.div_(world)
+    bound = 0.0
+    if compressed and n:  # each rank's quantization of its slice, then a dense FP32 sum and one rounding
+        scale = 1.0 / world if spec["op"] == "avg" else 1.0
+        for t in _gather_all(inp, world):
+            piece = t[rank * n : (rank + 1) * n].contiguous()
+            bound += scale * bounds.l2_error_bound(piece, taco.compress(piece, spec["cfg"], backend="torch"), torch.float32)
+        bound += float(want.double().norm()) * (torch.finfo(dtype).eps + world * 2.0**-22)
+    return taco.reduce_scatter(out, inp, op=spec["op"], **kw), out, want, bound
+
+
+def soak(rank: int, world: int, n_ops: int, seed: int) -> dict:
+    """`n_ops` random collectives in batches of 1-3 async calls waited in a per-rank order; each
+    result equals the native collective's (exactly on the native path, within the format's bound
+    on the compressed one) and is bitwise identical across ranks."""
+    import random
+
+    shared = random.Random(seed)  # the calls: the same on every rank
+    mine = random.Random(seed * 1000 + rank)  # the wait order: this rank's own
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    done, compressed = 0, 0
+    while done < n_ops:
+        batch = [_soak_op(shared, world) for _ in range(shared.randint(1, 3))]
+        issued = [_soak_issue(spec, rank, world, gen) for spec in batch]
+        order = list(range(len(batch)))
+        mine.shuffle(order)
+        for i in order:
+            issued[i][0].wait() if issued[i][0] is not None else None
+        for spec, (_, got, want, bound) in zip(batch, issued):
+            exact = bound == 0.0 and not (spec["compress"] and spec["dtype"].is_floating_point and spec["kind"] != "all_gather" and spec["n"])
+            if exact:
+                assert torch.equal(got.contiguous().view(-1), want.view(-1)), (spec, got, want)
+            else:
+                err = float((got.double().reshape(-1) - want.double().reshape(-1)).norm())
+                assert err <= bound, (spec, err, bound)
+                compressed += 1
+            if spec["kind"] != "reduce_scatter":  # every rank holds the same result
+                every = _gather_all(torch.empty(got.numel(), dtype=got.dtype).copy_(got.reshape(-1)), world)
+                assert all(torch.equal(e.view(torch.uint8), every[0].view(torch.uint8)) for e in every), spec
+        done += len(batch)
+    return {"ops": done, "compressed_within_bound": compressed}

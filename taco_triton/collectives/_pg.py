@@ -1,11 +1,13 @@
-"""Process-group plumbing: torch-version shims, wire-byte accounting, rank-consistency checks.
+"""Process-group plumbing: torch-version shims, wire-byte accounting, rank-agreement checks.
 
 Every byte the collectives hand to torch.distributed goes through the functions here, so
 `WireStats` sees exactly what was passed to the process group.
 """
 from __future__ import annotations
 
+import struct
 import threading
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +45,9 @@ class WireStats:
     """
 
     calls: list = field(default_factory=list)
+    #: Bytes this rank sent in the per-call fingerprint exchanges that check the ranks agree
+    #: (counted in `wire_bytes`, kept out of `calls`: they are not the collective's payload).
+    fingerprint_bytes: float = 0.0
 
     def __enter__(self) -> "WireStats":
         if not hasattr(_stats, "stack"):
@@ -55,12 +60,14 @@ class WireStats:
 
     @property
     def wire_bytes(self) -> float:
-        return float(sum(c.wire_bytes for c in self.calls))
+        return float(sum(c.wire_bytes for c in self.calls)) + self.fingerprint_bytes
 
     def by_kind(self) -> dict:
         out: dict = {}
         for c in self.calls:
             out[c.kind] = out.get(c.kind, 0.0) + c.wire_bytes
+        if self.fingerprint_bytes:
+            out["fingerprint"] = self.fingerprint_bytes
         return out
 
 
@@ -98,11 +105,34 @@ def all_to_all(out, inp, out_splits, in_splits, group, async_op):
     return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
 
 
-def check_same_across_ranks(what: str, signature: tuple, group) -> None:
-    """Raise ValueError naming the ranks whose `signature` differs (one small all_gather_object)."""
+def fingerprint(signature: tuple) -> int:
+    """A 32-bit digest of a call's signature (what every rank must agree on)."""
+    return zlib.crc32(repr(signature).encode())
+
+
+def tag(fp: int, *where: int) -> bytes:
+    """The 4 bytes carried after each message slot: the call's fingerprint and the slot's place."""
+    return struct.pack("<I", zlib.crc32(struct.pack(f"<I{len(where)}q", fp, *where)))
+
+
+def agree(what: str, signature: tuple, device, group) -> None:
+    """Raise ValueError on every rank if any rank's `signature` differs.
+
+    One fixed-size all_gather of the signature's fingerprint (8 bytes per rank), so it cannot
+    itself mismatch; only on a mismatch the readable signatures are gathered for the message.
+    """
     p = dist.get_world_size(group)
+    mine = torch.tensor([fingerprint(signature)], dtype=torch.int64, device=device)
+    every = torch.empty(p, dtype=torch.int64, device=device)
+    for ws in getattr(_stats, "stack", ()):
+        ws.fingerprint_bytes += (p - 1) * _nbytes(mine)
+    _ALL_GATHER(every, mine, group=group)
+    if bool((every == mine).all()):
+        return
     sigs = [None] * p
     dist.all_gather_object(sigs, signature, group=group)
-    if any(s != sigs[0] for s in sigs):
-        detail = "; ".join(f"rank {r}: {s}" for r, s in enumerate(sigs))
-        raise ValueError(f"taco_triton.{what}: ranks disagree on (shape, dtype, config, op): {detail}")
+    detail = "; ".join(f"rank {r}: {s}" for r, s in enumerate(sigs))
+    raise ValueError(f"taco_triton.{what}: ranks disagree on {_FIELDS}: {detail}")
+
+
+_FIELDS = "(kind, numels, dtype, op, compressed, config, pipeline slices, backend)"

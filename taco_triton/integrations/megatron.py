@@ -213,7 +213,7 @@ class MegatronHandle:
         self.policy = policy
         self.stats: dict[tuple[str, str, str], SiteStats] = {}
         self.patched: list[str] = []
-        self._saved: list[tuple[Any, str, Any]] = []
+        self._saved: list[tuple[Any, str, Any, Any]] = []
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         if model is not None:
             for name, mod in model.named_modules():
@@ -227,12 +227,15 @@ class MegatronHandle:
         return self._active
 
     def disable(self) -> None:
-        """Restore every replaced object (the same objects); a second call does nothing."""
+        """Restore every replaced object (the same objects); a second call does nothing. An
+        attribute another patch replaced after `enable` keeps that patch."""
         global _active
         if not self._active:
             return
-        for obj, attr, orig in reversed(self._saved):
-            setattr(obj, attr, orig)
+        for obj, attr, orig, ours in reversed(self._saved):
+            current = obj.__dict__.get(attr) if isinstance(obj, type) else getattr(obj, attr, None)
+            if current is ours:  # a patch applied on top of ours since enable() stays
+                setattr(obj, attr, orig)
         self._saved.clear()
         self._active = False
         if _active is self:
@@ -450,7 +453,7 @@ def enable(policy, model=None) -> MegatronHandle:
     try:
         for obj, attr, new in handle._replacements(mappings, layers):
             orig = obj.__dict__[attr] if isinstance(obj, type) else getattr(obj, attr)
-            handle._saved.append((obj, attr, orig))
+            handle._saved.append((obj, attr, orig, new))
             setattr(obj, attr, new)
             owner = obj.__name__ if isinstance(obj, type) else obj.__name__.rsplit(".", 1)[-1]
             handle.patched.append(f"{owner}.{attr}")

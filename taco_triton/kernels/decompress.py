@@ -8,6 +8,8 @@ produces Inf; NaN groups stay NaN. Reference: `taco_triton.reference.decompress_
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -22,7 +24,7 @@ from ._tile import load_scales, store_dense, tile_rows
 
 @triton.jit
 def _decompress_kernel(
-    codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, out_max,
+    codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, out_max, inf_above,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -43,11 +45,11 @@ def _decompress_kernel(
             y = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
         if not DUAL:
             y = tl.div_rn(y, pre[:, None])
-        store_dense(y, out_ptr, offs, numel, out_max, HW)
+        store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW)
 
 
 def decompress_launch(codes, a, b, out, numel: int, config: CompressionConfig, target: Target, params: dict,
-                      device: torch.device | None = None) -> Launch:
+                      device: torch.device | None = None, inf_above: float = math.inf) -> Launch:
     """The launch that decompresses (codes, a, b) into `numel` elements of out (tensors or ShapedPointers)."""
     layout = WireLayout.of(numel, config)
     op16 = target.compiled
@@ -61,11 +63,13 @@ def decompress_launch(codes, a, b, out, numel: int, config: CompressionConfig, t
     meta["OP16"] = op16
     return Launch(_decompress_kernel, n_tiles,
                   (codes, a, b, out, h, h16, numel, layout.n_groups, layout.n_superblocks, n_tiles,
-                   torch.finfo(out.dtype).max), meta, device)
+                   torch.finfo(out.dtype).max, inf_above), meta, device)
 
 
-def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
-    """Launch the fused decompress kernel into `out` (contiguous bf16/fp16/fp32)."""
+def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig,
+                      inf_above: float = math.inf) -> torch.Tensor:
+    """Launch the fused decompress kernel into `out` (contiguous bf16/fp16/fp32); `inf_above` as
+    in `reference.saturate_cast`."""
     if not out.is_contiguous():
         raise ValueError(f"decompress_triton needs a contiguous `out`, got strides {out.stride()} for shape {tuple(out.shape)}")
     layout = WireLayout.of(out.numel(), config)
@@ -73,5 +77,5 @@ def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: Compression
         return out
     codes, a, b = layout.split(data)
     params = launch_params("decompress", out.device, out.dtype, config, out.numel())
-    decompress_launch(codes, a, b, out, out.numel(), config, target_of(out.device), params, out.device).run()
+    decompress_launch(codes, a, b, out, out.numel(), config, target_of(out.device), params, out.device, inf_above).run()
     return out

@@ -9,6 +9,8 @@ Reference: `taco_triton.reference.reduce_reference`.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -26,7 +28,7 @@ from ._tile import load_scales, quantize_store, store_dense, taco_prescale, tile
 def _reduce_kernel(
     in_codes_ptr, in_a_ptr, in_b_ptr, stride_codes, stride_a, stride_b, n_ranks,
     out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, scale,
-    out_max,
+    out_max, inf_above,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
@@ -55,7 +57,7 @@ def _reduce_kernel(
         if DENSE:
             if HADAMARD:
                 acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC) * 2.0
-            store_dense(acc, out_ptr, offs, numel, out_max, HW)
+            store_dense(acc, out_ptr, offs, numel, out_max, inf_above, HW)
         else:
             if DUAL:
                 pre_out = 1.0
@@ -83,7 +85,7 @@ def _row_views(bufs: torch.Tensor, layout: WireLayout):
 
 def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b, target_out, numel: int,
                   config: CompressionConfig, scale: float, dense: bool, target: Target, params: dict,
-                  device: torch.device | None = None) -> Launch:
+                  device: torch.device | None = None, inf_above: float = math.inf) -> Launch:
     """The launch that sums n_ranks wire buffers (element strides `strides` of codes, a, b per rank)."""
     layout = WireLayout.of(numel, config)
     h, h16 = hadamard_tables(config.group_size, 1.0, torch.float32, device, shaped=device is None)
@@ -96,12 +98,12 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     out_max = torch.finfo(target_out.dtype).max if dense else 0.0
     return Launch(_reduce_kernel, n_tiles,
                   (in_c, in_a, in_b, *strides, n_ranks, o_c, o_a, o_b, target_out, h, h16, numel, layout.n_groups,
-                   layout.n_superblocks, n_tiles, config.seed, scale, out_max), meta, device)
+                   layout.n_superblocks, n_tiles, config.seed, scale, out_max, inf_above), meta, device)
 
 
 def reduce_triton(
     bufs: torch.Tensor, numel: int, config: CompressionConfig, scale: float = 1.0,
-    out: torch.Tensor | None = None, dense_out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, dense_out: torch.Tensor | None = None, inf_above: float = math.inf,
 ) -> torch.Tensor:
     """Launch the fused reduce over `bufs` ([P, stride] uint8, stride % 4 == 0).
 
@@ -122,5 +124,5 @@ def reduce_triton(
     o_c, o_a, o_b = (dense_out,) * 3 if dense else layout.split(out)
     params = launch_params("reduce", bufs.device, torch.uint8, config, numel)
     reduce_launch(in_c, in_a, in_b, (in_c.stride(0), in_a.stride(0), in_b.stride(0)), bufs.shape[0], o_c, o_a, o_b,
-                  target_out, numel, config, scale, dense, target_of(bufs.device), params, bufs.device).run()
+                  target_out, numel, config, scale, dense, target_of(bufs.device), params, bufs.device, inf_above).run()
     return target_out

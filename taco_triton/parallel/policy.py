@@ -6,9 +6,11 @@ A site is a named communication point: "<module name>.<role>" (for example
 None for the native collective.
 
 Data-driven plan: with `calibrate_steps=K > 0`, the first K training steps communicate with the
-default config while the policy keeps a few samples per site; at the end of step K, rank 0 runs
-`taco_triton.calibrate` per site, broadcasts the resulting plan so every rank uses the same one,
-freezes it, and saves it to `plan` (JSON). A later run that finds the file loads it instead.
+default config while the policy keeps a few finite samples per site (samples holding NaN/Inf, as
+on an AMP overflow step, are skipped and counted); at the end of step K, rank 0 runs
+`taco_triton.calibrate` per site and broadcasts the plan, or the error it met, so every rank
+uses the same plan or raises the same ValueError (no rank waits on another's exception); the
+plan is frozen and saved to `plan` (JSON). A later run that finds the file loads it instead.
 """
 from __future__ import annotations
 
@@ -76,16 +78,27 @@ class CompressionPolicy:
     _frozen: bool = field(default=False, init=False, repr=False)
     _samples: dict = field(default_factory=dict, init=False, repr=False)
     _steps: int = field(default=0, init=False, repr=False)
+    #: {"site|direction": count} of samples skipped because they held NaN/Inf.
+    skipped_nonfinite: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.default is not None and not isinstance(self.default, CompressionConfig):
             raise TypeError(f"default must be a CompressionConfig or None, got {type(self.default).__name__}")
-        if isinstance(self.exempt, str):
-            raise TypeError("exempt must be a sequence of patterns, not a single string")
+        if isinstance(self.exempt, str) or not isinstance(self.exempt, (list, tuple)) or not all(
+            isinstance(p, str) for p in self.exempt
+        ):
+            raise TypeError(f"exempt must be a list or tuple of fnmatch patterns (str), not a single string; got {self.exempt!r}")
+        for name, value, low in (("min_bytes", self.min_bytes, 0), ("calibrate_steps", self.calibrate_steps, 0),
+                                 ("samples_per_site", self.samples_per_site, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if isinstance(self.max_bytes_per_element, bool) or not isinstance(self.max_bytes_per_element, (int, float)):
+            raise ValueError(f"max_bytes_per_element must be a number, got {self.max_bytes_per_element!r}")
+        for pat, cfg in dict(self.overrides).items():
+            if not isinstance(pat, str) or not (cfg is None or isinstance(cfg, CompressionConfig)):
+                raise TypeError(f"overrides must map patterns (str) to CompressionConfig or None, got {pat!r}: {cfg!r}")
         if self.comm_dtype not in (None, torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"comm_dtype must be None, bf16, fp16 or fp32, got {self.comm_dtype}")
-        if self.calibrate_steps < 0:
-            raise ValueError(f"calibrate_steps must be >= 0, got {self.calibrate_steps}")
         if self.plan is not None and os.path.exists(self.plan):
             self.load_plan(self.plan)
 
@@ -118,9 +131,14 @@ class CompressionPolicy:
         """Keep a sample of what `site` communicates (only while calibrating; cheap otherwise)."""
         if not self.calibrating or self.config_for(site, direction) is None:
             return
-        bucket = self._samples.setdefault(_key(site, direction), [])
+        key = _key(site, direction)
+        bucket = self._samples.setdefault(key, [])
         if len(bucket) < self.samples_per_site:
-            bucket.append(tensor.detach().to("cpu", torch.float32, copy=True))
+            sample = tensor.detach().to("cpu", torch.float32, copy=True)
+            if bool(torch.isfinite(sample).all()):
+                bucket.append(sample)
+            else:
+                self.skipped_nonfinite[key] = self.skipped_nonfinite.get(key, 0) + 1
 
     def step(self, group=None) -> None:
         """Call once per training step. At the end of step `calibrate_steps` the plan is decided on
@@ -130,20 +148,30 @@ class CompressionPolicy:
         self._steps += 1
         if self._steps < self.calibrate_steps:
             return
-        plan = self._calibrate_local()
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            box = [plan]
+        distributed = dist.is_available() and dist.is_initialized()
+        box = [None]
+        if not distributed or dist.get_rank(group) == 0:
+            try:
+                box = [(self._calibrate_local(), None)]
+            except (ValueError, TypeError) as e:  # every rank raises it below, none waits
+                box = [(None, f"{type(e).__name__}: {e}")]
+        if distributed:
             dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-            plan = box[0]
-        self._plan, self._frozen, self._samples = plan, True, {}
+        plan, error = box[0]
+        self._samples = {}
+        if error is not None:
+            raise ValueError(f"CompressionPolicy calibration failed on rank 0 at step {self._steps}: {error}")
+        self._plan, self._frozen = plan, True
         if self.plan is not None and (not dist.is_initialized() or dist.get_rank(group) == 0):
             self.save_plan(self.plan)
 
     def _calibrate_local(self) -> dict:
         plan = {}
         for key, samples in sorted(self._samples.items()):
+            if not samples:  # every sample was non-finite: the site keeps its configured default
+                continue
             site, _, direction = key.rpartition("|")
             base = self.config_for(site, direction) or CompressionConfig()  # keeps overrides' other fields
             res = calibrate(samples, max_bytes_per_element=self.max_bytes_per_element, backend="torch")
