@@ -140,6 +140,14 @@ class _Redistribute(torch.autograd.Function):
         return _redistribute(g, ctx.grad_dst, ctx.site, "backward", ctx.policy), None, None, None
 
 
+# torch.compile: the compiled graph breaks here and the redistribution runs eagerly. Tracing into
+# the collectives and the codec gains nothing (they are communication and their own kernels) and
+# took minutes of compile time for one small block; WireStats also counts every call this way.
+@torch.compiler.disable
+def _move(x: DTensor, dst: Placement, site: str, policy) -> DTensor:
+    return _Redistribute.apply(x, dst, site, policy)
+
+
 def _role(src: Placement, dst: Placement) -> str:
     """The site role of a move, named as `taco_triton.parallel`'s layers name theirs."""
     if src.is_shard() and dst.is_replicate():
@@ -171,7 +179,7 @@ def _prepare(x: Any, mod: nn.Module, mesh: DeviceMesh, layout: Placement | None,
         if desired is None or src == desired:
             return x
     dst = desired or src
-    return _Redistribute.apply(x, dst, _site(mod, role_suffix + _role(src, dst)), policy)
+    return _move(x, dst, _site(mod, role_suffix + _role(src, dst)), policy)
 
 
 def _check_mesh(style: str, mesh: DeviceMesh) -> None:
@@ -222,7 +230,7 @@ class _LinearStyle:
             if outputs.placements[0] != out_layout:
                 src = outputs.placements[0]
                 role = "gather_output" if src.is_shard() and out_layout.is_replicate() else _role(src, out_layout)
-                outputs = _Redistribute.apply(outputs, out_layout, _site(mod, role), self.policy)
+                outputs = _move(outputs, out_layout, _site(mod, role), self.policy)
             return outputs.to_local() if self.use_local_output else outputs
 
         return distribute_module(module, mesh, partition, input_fn, output_fn)
@@ -331,6 +339,8 @@ class CompressedPrepareModuleInput(PrepareModuleInput):
         self.policy, self.name = policy, name
 
     def _one(self, x, mod, mesh, layout, desired, suffix):
+        if layout is None:  # not to be prepared: passed through untouched, as torch does
+            return x
         out = _prepare(x, mod, mesh, layout, desired, self.policy, suffix)
         return out.to_local() if self.use_local_output and isinstance(out, DTensor) else out
 
