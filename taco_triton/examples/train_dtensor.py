@@ -4,8 +4,8 @@ uncompressed vs compressed.
     python -m taco_triton.examples.train_dtensor --tp 2 --compress none,fp8,int8 --steps 300
 
 The model (RMSNorm, rotary attention, SwiGLU, byte vocabulary) is parallelized by
-`torch.distributed.tensor.parallel.parallelize_module` with the plan torchtitan wrote for its
-Llama models (`tp_plan`), turned into compressed styles by
+`torch.distributed.tensor.parallel.parallelize_module` with the plan torchtitan's earlier releases
+used for Llama (`tp_plan`), turned into compressed styles by
 `taco_triton.integrations.dtensor.compress_plan` under each mode's policy (`train_gpt.make_policy`:
 mode "none" runs the same styles with every site native, so its wire bytes are counted alike).
 Data, optimizer (AdamW on FP32 master weights), logging and the summary are `train_gpt`'s; this
@@ -113,8 +113,8 @@ class TinyLlama(nn.Module):
 
 
 def tp_plan(model: TinyLlama, sequence_parallel: bool):
-    """(model-level plan, per-block plan) in torch styles: torchtitan's Llama plan
-    (torchtitan <= 0.2, `apply_tp`), Float8 variants left out."""
+    """(model-level plan, per-block plan) in torch styles: the `parallelize_module` plan of
+    torchtitan's earlier releases for Llama, Float8 variants left out."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
