@@ -208,7 +208,17 @@ def _single(layouts, what: str, style: str) -> Placement:
 
 # ---------------------------------------------------------------------------- styles
 class _LinearStyle:
-    """Shared by the column- and row-wise styles: the module-boundary hooks."""
+    """Shared by the column- and row-wise styles: arguments and the module-boundary hooks."""
+
+    def __init__(self, *, input_layouts: Placement | None = None, output_layouts: Placement | None = None,
+                 use_local_output: bool = True, policy: CompressionPolicy | None = None, name: str | None = None):
+        super().__init__(input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output)
+        _check_policy(type(self).__name__, policy)
+        self.policy, self.name = policy, name
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", name={self.name!r})"
+
 
     def _linear_apply(self, module: nn.Module, mesh: DeviceMesh, desired_input: Placement) -> nn.Module:
         style = type(self).__name__
@@ -247,17 +257,8 @@ class CompressedColwiseParallel(_LinearStyle, ColwiseParallel):
     input, e.g. Shard(1) with sequence parallelism), f"{name}.gather_output" (Replicate output).
     """
 
-    def __init__(self, *, input_layouts: Placement | None = None, output_layouts: Placement | None = None,
-                 use_local_output: bool = True, policy: CompressionPolicy | None = None, name: str | None = None):
-        super().__init__(input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output)
-        _check_policy(type(self).__name__, policy)
-        self.policy, self.name = policy, name
-
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         return self._linear_apply(module, device_mesh, Replicate())
-
-    def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f", name={self.name!r})"
 
 
 class CompressedRowwiseParallel(_LinearStyle, RowwiseParallel):
@@ -270,20 +271,11 @@ class CompressedRowwiseParallel(_LinearStyle, RowwiseParallel):
     linear: backward all-gather). An `nn.Embedding`'s output reduction stays DTensor's.
     """
 
-    def __init__(self, *, input_layouts: Placement | None = None, output_layouts: Placement | None = None,
-                 use_local_output: bool = True, policy: CompressionPolicy | None = None, name: str | None = None):
-        super().__init__(input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output)
-        _check_policy(type(self).__name__, policy)
-        self.policy, self.name = policy, name
-
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         # as torch: a linear computes on Shard(-1) inputs, an embedding looks up replicated indices
         desired = Shard(-1) if isinstance(module, nn.Linear) else Replicate()
         self.desired_input_layouts = (desired,)
         return self._linear_apply(module, device_mesh, desired)
-
-    def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f", name={self.name!r})"
 
 
 class CompressedSequenceParallel(SequenceParallel):
