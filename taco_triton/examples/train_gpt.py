@@ -78,8 +78,13 @@ def _train(rank, world, mode, args, device) -> list[dict]:
         return train_rank_megatron(rank, world, mode, args, device)
     torch.manual_seed(args.seed)  # identical replicated weights and the same full TP matrices
     policy = make_policy(mode, args)
-    model = TinyGPT(args.layers, args.hidden, args.heads, args.ffn, args.seq, policy=policy,
-                    sequence_parallel=args.sequence_parallel).to(device)
+    if getattr(args, "dtensor", False):  # torch's DTensor TP with compressed styles (train_dtensor.py)
+        from taco_triton.examples.train_dtensor import build_model
+
+        model = build_model(args, policy).to(device)
+    else:
+        model = TinyGPT(args.layers, args.hidden, args.heads, args.ffn, args.seq, policy=policy,
+                        sequence_parallel=args.sequence_parallel).to(device)
     # Communication is bf16 in every mode (the policy's comm_dtype). Compute is FP32 by default
     # (fast on CPUs); --compute-dtype bf16 runs the model in bf16 on FP32 master weights, as
     # Megatron does.
@@ -204,6 +209,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--sequence-parallel", action="store_true")
     ap.add_argument("--megatron", action="store_true",
                     help="train megatron-core's GPTModel instead (see taco_triton/examples/train_megatron.py)")
+    ap.add_argument("--dtensor", action="store_true",
+                    help="a Llama-style model under torch's DTensor TP instead (see taco_triton/examples/train_dtensor.py)")
     ap.add_argument("--pg-timeout", type=float, default=300)
     ap.add_argument("--csv", default=None)
     ap.add_argument("--quiet", dest="verbose", action="store_false")
