@@ -15,7 +15,7 @@ import contextvars
 import torch
 
 from ..config import CompressionConfig
-from ..env import interpreting
+from ..env import autotune_mode, interpreting
 
 
 def heuristic(kernel: str, config: CompressionConfig) -> dict:
@@ -45,6 +45,7 @@ def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config:
     if pinned is not None:
         return pinned
     if device.type != "cuda" or interpreting():
+        autotune_mode()  # unused here, but a TACO_AUTOTUNE typo raises on every backend, not only on GPUs
         return heuristic(kernel, config)
     try:
         from autotune import runtime
