@@ -1,23 +1,46 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - create .venv, install everything, run the demo on CPU
 #   make test   - create .venv, install everything, run the whole test suite
+# and one checks the package as a user receives it:
+#   make wheel-check - build the wheel, install it into a fresh venv outside the source tree, use it
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# CPU torch: this wheel is on the CPU machines' disk; never let pip pick a CUDA build here.
-TORCH_CPU ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+DIST   := dist
+# PyTorch's CPU-only build. PyPI's Linux torch wheel depends on the nvidia-*-cu13 packages (gigabytes),
+# so torch itself comes from PyTorch's CPU index, or from a CPU wheel pip already finds locally
+# (its find-links or extra indexes); only torch's small pure-Python dependencies come from the default index.
+TORCH_VERSION   ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+WHEEL_VENV      ?= /tmp/taco-triton-wheel-check
 
-.PHONY: demo test test-thorough soak bench notebooks clean
+.PHONY: demo test test-thorough soak bench notebooks wheel wheel-check clean
+
+# $(call install_cpu_torch,PYTHON): an unreachable CPU index fails within seconds (no retries), and pip
+# then uses whatever CPU wheel it finds locally; with neither, stop rather than fetch a CUDA build.
+define install_cpu_torch
+	$(1) -m pip install -q --upgrade pip
+	$(1) -m pip install -q --no-deps --retries 0 --timeout 15 --index-url $(TORCH_CPU_INDEX) "torch==$(TORCH_VERSION)" \
+	  || { echo "No CPU wheel of torch $(TORCH_VERSION): $(TORCH_CPU_INDEX) is unreachable and pip finds none locally." \
+	            "Install a CPU torch first, or set TORCH_CPU_INDEX to a mirror." >&2; exit 1; }
+	$(1) -m pip install -q "torch==$(TORCH_VERSION)"
+	$(1) -W ignore -c "import torch; assert torch.version.cuda is None, torch.__version__; print('CPU torch', torch.__version__)"
+endef
 
 $(STAMP): pyproject.toml Makefile
 	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  echo "GPU torch found: reusing it"; $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
-	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q "$(TORCH_CPU)"; \
+	  $(PYTHON) -m venv $(VENV) && $(MAKE) --no-print-directory cpu-torch PY_FOR_TORCH=$(PY); \
 	fi
 	$(PY) -m pip install -q -e ".[test,real,megatron,notebooks]"
 	@touch $(STAMP)
+
+# internal: the CPU torch into the interpreter PY_FOR_TORCH
+.PHONY: cpu-torch
+cpu-torch:
+	$(call install_cpu_torch,$(PY_FOR_TORCH))
 
 demo: $(STAMP)
 	$(PY) -m taco_triton.demo
@@ -38,5 +61,22 @@ notebooks: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/kernels.py
 
+wheel:
+	rm -rf $(DIST) build && $(PYTHON) -m pip wheel -q --no-deps -w $(DIST) . && rm -rf build
+
+# A fresh venv with only the CPU torch and the built wheel (and its declared dependencies); it runs
+# from another directory, so nothing is imported from the source tree.
+wheel-check: wheel
+	rm -rf $(WHEEL_VENV) && $(PYTHON) -m venv $(WHEEL_VENV)
+	$(call install_cpu_torch,$(WHEEL_VENV)/bin/python)
+	$(WHEEL_VENV)/bin/python -m pip install -q $(DIST)/taco_triton-*.whl
+	cd $(WHEEL_VENV) && bin/python -c "import torch, taco_triton as taco; from taco_triton import bounds; \
+	  assert '/site-packages/' in taco.__file__, taco.__file__; \
+	  x = torch.randn(64, 384, dtype=torch.bfloat16); c = taco.compress(x); y = taco.decompress(c); \
+	  err = (y.double() - x.double()).norm(); assert err <= bounds.l2_error_bound(x, c, x.dtype), err; \
+	  print('taco_triton', taco.__version__, 'from', taco.__file__, ': compress/decompress within its L2 bound')"
+	cd $(WHEEL_VENV) && bin/python -m autotune.sweep --help > /dev/null && echo "python -m autotune.sweep --help: ok"
+	rm -rf $(WHEEL_VENV)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(DIST) .pytest_cache .hypothesis

@@ -1,10 +1,13 @@
 """Test set-up: Triton's interpreter on CPU, NaN-poisoned outputs, hypothesis profiles.
 
-TACO_TEST_DEVICE=cuda (bench/gpu_check.sh) runs the same tests on a GPU with compiled kernels.
+TACO_TEST_DEVICE=cuda (bench/gpu_check.sh) runs the same tests on a GPU with compiled kernels;
+without a CUDA device it stops before collecting anything, with a message saying so (skipping
+would report a GPU run that never happened as passed).
 HYPOTHESIS_PROFILE=thorough runs the property tests with many more examples.
 """
 import os
 
+TEST_DEVICES = ("cpu", "cuda")
 DEVICE = os.environ.get("TACO_TEST_DEVICE", "cpu")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton.jit
@@ -21,6 +24,19 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    if DEVICE not in TEST_DEVICES:
+        raise pytest.UsageError(f"TACO_TEST_DEVICE={DEVICE!r} is not supported; allowed: {list(TEST_DEVICES)}")
+    if DEVICE == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(
+                f"TACO_TEST_DEVICE=cuda, but torch {torch.__version__} sees no CUDA device "
+                f"(torch.version.cuda={torch.version.cuda}); unset TACO_TEST_DEVICE to test on CPU"
+            )
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,10 @@
 One row per entry: kernel, device, compute capability, triton/torch versions, the key's fields,
 the config and its measured time. A file that the runtime would ignore (bad JSON, another schema,
 another triton version) is reported with the reason; a stale file's entries are still listed so
-you can see what it held. Exit status: 0, or 1 when a named file is missing or unreadable.
+you can see what it held. Without --cache, a user cache that does not exist yet is the normal
+state of a fresh machine (nothing tuned; the runtime uses the shipped files and the heuristic):
+it is reported as such and the exit status is 0. Exit status: 0, or 1 when a file named with
+--cache is missing, or any listed file is unusable.
 """
 from __future__ import annotations
 
@@ -45,12 +48,17 @@ def rows_of(entries: dict) -> list[dict]:
     return rows
 
 
-def show(path: str, out=None) -> bool:
-    """Print one file's table; False when it is missing or unusable for every version."""
+def show(path: str, out=None, missing_ok: bool = False) -> bool:
+    """Print one file's table; False when it is unusable for every version, or missing unless `missing_ok`."""
     out = out or sys.stdout
     running = meta.triton_version()
     entries, problem = cache.read(path, running)
     print(f"== {path}", file=out)
+    if problem == "missing" and missing_ok:
+        print("   no user cache yet: nothing has been tuned on this machine (launches use the shipped files,\n"
+              "   then the heuristic). `python -m autotune.sweep --cache PATH` or TACO_AUTOTUNE=online fills it.",
+              file=out)
+        return True
     if problem == "missing":
         print("   (no such file)", file=out)
         return False
@@ -71,10 +79,15 @@ def show(path: str, out=None) -> bool:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m autotune.show", description=__doc__.split("\n\n")[0])
-    p.add_argument("--cache", action="append", default=None, help="cache file (repeatable; default: the user's)")
-    p.add_argument("--shipped", action="store_true", help="also list the shipped files in autotune/tuned/")
+    p.add_argument("--cache", action="append", default=None, metavar="PATH",
+                   help="cache file to list (repeatable; a missing one is an error). Default: the user's cache, "
+                        "TACO_AUTOTUNE_CACHE or ~/.cache/taco_triton/autotune.json, which may not exist yet")
+    p.add_argument("--shipped", action="store_true",
+                   help="list the shipped per-GPU files in autotune/tuned/ (instead of the user's cache "
+                        "unless --cache is given too)")
     args = p.parse_args(argv)
-    paths = list(args.cache or ([] if args.shipped else [env.autotune_cache_path()]))
+    default_user_cache = not args.cache and not args.shipped
+    paths = list(args.cache or ([env.autotune_cache_path()] if default_user_cache else []))
     if args.shipped:
         shipped = sorted(str(f) for f in TUNED_DIR.glob("*.json"))
         if not shipped:
@@ -82,7 +95,7 @@ def main(argv=None) -> int:
         paths += shipped
     ok = True
     for path in paths:
-        ok = show(path) and ok
+        ok = show(path, missing_ok=default_user_cache) and ok
     return 0 if ok else 1
 
 

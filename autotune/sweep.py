@@ -72,11 +72,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shapes", default="8192x4096", help="comma-separated shapes, e.g. 8192x4096,16384x8192")
     p.add_argument("--dtype", default="bf16", help=f"comma-separated data dtypes ({','.join(DATA_DTYPES)}); "
                    "compress: the input's, decompress: the output's")
-    p.add_argument("--group-size", type=int, default=128, choices=GROUP_SIZES)
-    p.add_argument("--codec", default="fp8_e4m3", choices=CODECS)
+    p.add_argument("--group-size", type=int, default=128, choices=GROUP_SIZES,
+                   help="elements per group G (default: %(default)s)")
+    p.add_argument("--codec", default="fp8_e4m3", choices=CODECS, help="code format (default: %(default)s)")
     p.add_argument("--no-hadamard", action="store_true", help="tune the kernels without the Hadamard transform")
-    p.add_argument("--scales", default="dual", choices=SCALE_MODES)
-    p.add_argument("--rounding", default="nearest", choices=ROUNDINGS)
+    p.add_argument("--scales", default="dual", choices=SCALE_MODES, help="scale layout (default: %(default)s)")
+    p.add_argument("--rounding", default="nearest", choices=ROUNDINGS, help="code rounding (default: %(default)s)")
     p.add_argument("--csv", default=None,
                    help="CSV file, or a folder (ending in /) for autotune_<device>_<date>.csv; default: none")
     p.add_argument("--cache", default=None, help="cache file to read and update (default: the user's cache, "

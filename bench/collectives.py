@@ -707,7 +707,7 @@ def parse_args(argv=None):
     ap.add_argument("--world-size", type=int, default=2, help="ranks (default 2: one per core here)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads per rank (default: cores // world_size, at least 1)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
     ap.add_argument("--no-netns", action="store_true",
                     help="no namespace, no emulation: host loopback, link 'unlimited (no emulation)'")
     ap.add_argument("--csv", default=None, help="output CSV (default bench/results/collectives_cpu_<UTC date>[_tag].csv)")

@@ -597,8 +597,8 @@ def parse_args(argv=None):
                    help="fewer sizes and shorter timing (CUDA 1M,16M,256M; CPU 64K)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
                    help="input/output dtype (default bf16)")
-    p.add_argument("--codec", choices=CODECS, default="fp8_e4m3")
-    p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=128)
+    p.add_argument("--codec", choices=CODECS, default="fp8_e4m3", help="code format (default fp8_e4m3)")
+    p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=128, help="elements per group G (default 128)")
     p.add_argument("--no-hadamard", action="store_true", help="disable the Hadamard transform")
     p.add_argument("--variants", action="store_true",
                    help="three configs in one CSV: the chosen one, with --codec int8, with --group-size 256")
@@ -614,8 +614,9 @@ def parse_args(argv=None):
                         "sizes), false (one compile per size), auto (torch's default: static, then dynamic)")
     p.add_argument("--hidden", type=int, default=4096,
                    help="row length of the [tokens, hidden] input (default 4096)")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto (default): cuda when torch sees a GPU, else cpu")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--csv", default=None,
                    help="output CSV path, or a directory to put the default name in "
                         "(default: bench/results/kernels_<device>_<date>[_<tag>].csv)")

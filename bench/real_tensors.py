@@ -65,9 +65,10 @@ def _commit() -> str:
 
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", default="bench/results/real_tensor_errors.csv")
-    ap.add_argument("--n-texts", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--csv", default="bench/results/real_tensor_errors.csv", help="output CSV (default: %(default)s)")
+    ap.add_argument("--n-texts", type=int, default=32,
+                    help="input texts run through the model to capture tensors (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per text, at most (default: %(default)s)")
     args = ap.parse_args(argv)
     from taco_triton.realdata import capture_tp_tensors
 

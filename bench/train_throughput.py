@@ -25,8 +25,10 @@ from pathlib import Path
 import pandas as pd
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # netns, and this checkout's taco_triton (as the runs use)
 from netns import LinkEmulation, NetnsError, normalize_rate  # noqa: E402
+
+from taco_triton.examples.train_gpt import MODES  # noqa: E402
 
 
 def run_mode(link: LinkEmulation, mode: str, args, csv_path: str) -> pd.DataFrame:
@@ -42,20 +44,40 @@ def run_mode(link: LinkEmulation, mode: str, args, csv_path: str) -> pd.DataFram
 
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rates", default="0.5,2,10,unlimited")
-    ap.add_argument("--modes", default="none,fp8,int8")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--cell-timeout", type=float, default=900)
-    ap.add_argument("--no-netns", action="store_true")
-    ap.add_argument("--csv", default=None)
+    ap.add_argument("--rates", default="0.5,2,10,unlimited",
+                    help="comma-separated link rates in Gbit/s, or 'unlimited' (default: %(default)s)")
+    ap.add_argument("--modes", default="none,fp8,int8",
+                    help="comma-separated train_gpt --compress modes; 'none' is the bf16 baseline the speedup "
+                         "is computed against (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=20,
+                    help="training steps per (rate, mode); must exceed --warmup (default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="first steps left out of the step-time statistics (default: %(default)s)")
+    ap.add_argument("--batch", type=int, default=16, help="sequences per step (default: %(default)s)")
+    ap.add_argument("--seq", type=int, default=128, help="tokens per sequence (default: %(default)s)")
+    ap.add_argument("--hidden", type=int, default=256,
+                    help="model width; the MLP is 4x wider (default: %(default)s)")
+    ap.add_argument("--layers", type=int, default=2, help="transformer layers (default: %(default)s)")
+    ap.add_argument("--cell-timeout", type=float, default=900,
+                    help="seconds one (rate, mode) run may take before it is killed (default: %(default)s)")
+    ap.add_argument("--no-netns", action="store_true",
+                    help="run on the host loopback without throttling (needs no root; only --rates unlimited)")
+    ap.add_argument("--csv", default=None,
+                    help="output CSV (default: bench/results/train_throughput_cpu_<UTC date>.csv)")
     args = ap.parse_args(argv)
+    for name in ("steps", "batch", "seq", "hidden", "layers"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        ap.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.steps <= args.warmup:
+        ap.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}): the step times after the "
+                 f"warm-up are the measurement")
     rates = [normalize_rate(r) for r in args.rates.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or "none" not in modes:
+        ap.error(f"--modes must name modes from {list(MODES)} including 'none' (the baseline), got {modes}")
     print("NOTE: CPU training with the torch reference codec: not GPU performance.", flush=True)
     rows = []
     try:

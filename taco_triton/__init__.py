@@ -15,6 +15,7 @@ from .codec import compress, decompress
 from .collectives import WireStats, all_gather, all_reduce, reduce_scatter
 from .compressed import Compressed
 from .config import CODEC_SPECS, CodecSpec, CompressionConfig
+from .estimate import Estimate, estimate
 
 __all__ = [
     "CODEC_SPECS",
@@ -22,12 +23,14 @@ __all__ = [
     "CodecSpec",
     "Compressed",
     "CompressionConfig",
+    "Estimate",
     "WireStats",
     "all_gather",
     "all_reduce",
     "calibrate",
     "compress",
     "decompress",
+    "estimate",
     "reduce_scatter",
 ]
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the package version (pyproject.toml reads it from here)

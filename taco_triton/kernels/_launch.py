@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import CompressionConfig
-from ..env import interpreting
+from ..env import autotune_mode, interpreting
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,7 @@ def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config:
     if pinned is not None:
         return pinned
     if device.type != "cuda" or interpreting():
+        autotune_mode()  # unused here, but a TACO_AUTOTUNE typo raises on every backend, not only on GPUs
         return heuristic(kernel, config)
     from autotune import runtime  # the runtime sits below the kernels; the tuning tools above
 

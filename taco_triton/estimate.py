@@ -1,0 +1,151 @@
+"""Does compression pay off for my collective? A first-order model from quantities you can state.
+
+    >>> import taco_triton as taco
+    >>> e = taco.estimate(8 * 4096 * 4096, link_gbps=400, ranks=8, codec_gbytes_s=None)
+    >>> round(e.wire_ratio, 3), round(e.speedup, 2)   # codec time left out: the link-bound ceiling
+    (0.504, 1.98)
+
+Model (per rank, full-duplex links, the nccl-tests cost model that `WireStats` counts):
+
+- link time = bytes each rank sends / `link_gbps` + `latency_us` per communication step.
+  Native ring all_reduce sends 2 (P-1)/P of the message; the compressed two-shot all_reduce
+  sends 2 (P-1)/P of its wire bytes (an all-to-all, then an all-gather, of the compressed
+  chunks). reduce_scatter and all_gather send half as much, each way. Both take 2 (P-1) steps
+  (all_reduce) or P-1 steps.
+- wire bytes come from `WireLayout` (codes, scales, per-chunk padding): exactly what each rank
+  sends when the message cuts into P equal chunks (all_reduce: super-block-aligned ones), the
+  average over ranks otherwise.
+- codec time = element-passes x element size / `codec_gbytes_s`: all_reduce compresses the
+  message, decodes P chunks and re-encodes one in the fused reduce, and decompresses the result,
+  3 + 1/P passes; reduce_scatter 2 (compress, fused decode-sum); all_gather 1 + 1/P.
+  `codec_gbytes_s` is the dense (input dtype) bytes a compress or decompress pass processes per
+  second: measure it with `bench/kernels.py` on your GPU (its `bytes` column also counts the
+  compressed side, so divide its `logical_gbps` by about 1.5 for bf16). None leaves the codec
+  out: the result is then the ceiling the wire ratio allows, not a prediction.
+- `overlap=False` adds codec and link time (no pipelining); True takes the larger of the two,
+  the bound `pipeline` slicing approaches on large messages.
+- `break_even_codec_gbytes_s`: the codec throughput below which compression loses. For a large
+  all_reduce it is (3 + 1/P) / (2 (P-1)/P x (1 - wire_ratio)) times the link's bytes/s without
+  overlap (3.6x at P = 8), (3 + 1/P) / (2 (P-1)/P) with it (1.8x).
+
+What the model leaves out: kernel launch overheads, contention between codec and communication
+for memory bandwidth, algorithms other than ring/two-shot (NCCL's tree and NVLS all-reduce move
+fewer bytes per rank at large P), and on the native side any in-network reduction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import INPUT_DTYPES, SUPERBLOCK_ELEMS, CompressionConfig
+from .layout import WireLayout
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+_WIRE_ALIGN = 16  # each compressed chunk's slot in the collectives' buffers is 16-byte aligned
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Times in seconds, per call, for one rank. `speedup` = native_s / compressed_s."""
+
+    collective: str
+    native_s: float
+    compressed_s: float
+    link_s: float  # the compressed collective's communication time
+    codec_s: float  # its compress/reduce/decompress time (0 when codec_gbytes_s is None)
+    speedup: float
+    wire_ratio: float  # compressed bytes on the wire / native bytes on the wire
+    native_bytes_per_rank: float
+    compressed_bytes_per_rank: float
+    codec_counted: bool
+    break_even_codec_gbytes_s: float  # the codec_gbytes_s at which speedup would be exactly 1
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, collective: str = "all_reduce") -> int:
+    """Bytes of the compressed message as the collectives cut it into `ranks` chunks, each its own
+    WireLayout in a 16-byte-aligned slot: all_reduce cuts super-block-aligned chunks, reduce_scatter
+    and all_gather the equal first-dim shards."""
+    if collective == "all_reduce":
+        chunk = -(-(-(-numel // ranks)) // SUPERBLOCK_ELEMS) * SUPERBLOCK_ELEMS
+    else:
+        chunk = -(-numel // ranks)
+    total = 0
+    for j in range(ranks):
+        n = max(0, min(chunk, numel - j * chunk))
+        total += -(-WireLayout.of(n, config).nbytes // _WIRE_ALIGN) * _WIRE_ALIGN
+    return total
+
+
+def estimate(
+    numel: int,
+    dtype: torch.dtype = torch.bfloat16,
+    config: CompressionConfig | None = None,
+    link_gbps: float = 400.0,
+    ranks: int = 8,
+    *,
+    codec_gbytes_s: float | None = None,
+    collective: str = "all_reduce",
+    latency_us: float = 0.0,
+    overlap: bool = False,
+) -> Estimate:
+    """Native vs compressed time of one collective on a `numel`-element `dtype` message.
+
+    Args:
+        numel: elements of the whole message (all_reduce / reduce_scatter input, all_gather output).
+        dtype: the message's dtype (bf16, fp16 or fp32).
+        config: the CompressionConfig (default: the default config).
+        link_gbps: link bandwidth per rank and direction, in Gbit/s (e.g. 400 for NDR InfiniBand).
+        ranks: processes in the group (the TP degree), >= 2.
+        codec_gbytes_s: dense GB/s (1e9 bytes) of one compress or decompress pass, measured or
+            modelled by you; None leaves codec time out (a ceiling, flagged by `codec_counted`).
+        collective: "all_reduce", "reduce_scatter" or "all_gather".
+        latency_us: per communication step (both paths take the same number of steps).
+        overlap: True when codec and link overlap perfectly (pipelined large messages).
+
+    Raises ValueError naming the offending value.
+    """
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel <= 0:
+        raise ValueError(f"numel must be a positive int, got {numel!r}")
+    if dtype not in INPUT_DTYPES:
+        raise ValueError(f"dtype must be one of {list(INPUT_DTYPES)}, got {dtype!r}")
+    config = CompressionConfig() if config is None else config
+    if not isinstance(config, CompressionConfig):
+        raise ValueError(f"config must be a CompressionConfig or None, got {type(config).__name__}")
+    link_bytes_s = _positive("link_gbps", link_gbps) * 1e9 / 8
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+        raise ValueError(f"ranks must be an int >= 2, got {ranks!r}")
+    codec_bytes_s = None if codec_gbytes_s is None else _positive("codec_gbytes_s", codec_gbytes_s) * 1e9
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective must be one of {list(COLLECTIVES)}, got {collective!r}")
+    if isinstance(latency_us, bool) or not isinstance(latency_us, (int, float)) or latency_us < 0:
+        raise ValueError(f"latency_us must be a number >= 0, got {latency_us!r}")
+
+    p = ranks
+    dense = numel * dtype.itemsize
+    wire = compressed_wire_bytes(numel, config, p, collective)
+    two_phase = collective == "all_reduce"
+    share = (2 if two_phase else 1) * (p - 1) / p
+    steps = (2 if two_phase else 1) * (p - 1)
+    native_bytes, compressed_bytes = share * dense, share * wire
+    latency = steps * latency_us * 1e-6
+    native_s = native_bytes / link_bytes_s + latency
+    link_s = compressed_bytes / link_bytes_s + latency
+    passes = {"all_reduce": 3 + 1 / p, "reduce_scatter": 2.0, "all_gather": 1 + 1 / p}[collective]
+    codec_s = 0.0 if codec_bytes_s is None else passes * dense / codec_bytes_s
+    compressed_s = max(link_s, codec_s) if overlap else link_s + codec_s
+    # speedup 1 when codec_s reaches native_s (overlapped) or native_s - link_s (serial)
+    codec_budget_s = native_s if overlap else native_s - link_s
+    break_even = passes * dense / codec_budget_s / 1e9 if codec_budget_s > 0 else float("inf")
+    return Estimate(
+        collective=collective, native_s=native_s, compressed_s=compressed_s, link_s=link_s,
+        codec_s=codec_s, speedup=native_s / compressed_s, wire_ratio=wire / dense,
+        native_bytes_per_rank=native_bytes, compressed_bytes_per_rank=compressed_bytes,
+        codec_counted=codec_bytes_s is not None, break_even_codec_gbytes_s=break_even,
+    )

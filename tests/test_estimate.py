@@ -1,0 +1,97 @@
+"""taco_triton.estimate: its byte counts are what the collectives send, its times follow its model."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import taco_triton as taco
+from taco_triton.estimate import COLLECTIVES
+from tests.dist_utils import run_ranks
+
+# 3 ranks: equal super-block-aligned all_reduce chunks and equal first-dim shards, where the model's
+# per-rank bytes are exact (otherwise each rank's count differs by its chunk's padding)
+SHAPE = (6, 4096)
+
+
+def sent_bytes(rank: int, world: int) -> dict:
+    """WireStats of each collective, native and compressed, on this rank."""
+    g = torch.Generator().manual_seed(rank)
+    full = torch.randn(SHAPE, generator=g).to(torch.bfloat16)
+    shard = full[: SHAPE[0] // world].clone()
+    out = {}
+    for enabled in (False, True):
+        cfg = taco.CompressionConfig(enabled=enabled)
+        calls = {
+            "all_reduce": lambda: taco.all_reduce(full.clone(), config=cfg, min_bytes=0),
+            "reduce_scatter": lambda: taco.reduce_scatter(torch.empty_like(shard), full, config=cfg, min_bytes=0),
+            "all_gather": lambda: taco.all_gather(torch.empty_like(full), shard, config=cfg, min_bytes=0),
+        }
+        for name, call in calls.items():
+            with taco.WireStats() as ws:
+                call()
+            out[(name, enabled)] = ws.wire_bytes
+    return out
+
+
+def test_byte_counts_equal_what_the_collectives_send():
+    world = 3
+    sent = run_ranks(sent_bytes, world)[0]
+    for collective in COLLECTIVES:
+        e = taco.estimate(math.prod(SHAPE), torch.bfloat16, link_gbps=1.0, ranks=world, collective=collective)
+        assert e.native_bytes_per_rank == pytest.approx(sent[(collective, False)], rel=1e-12), collective
+        assert e.compressed_bytes_per_rank == pytest.approx(sent[(collective, True)], rel=1e-12), collective
+
+
+@pytest.mark.parametrize("ranks", [2, 8])
+def test_without_codec_time_the_speedup_is_the_inverse_wire_ratio(ranks):
+    e = taco.estimate(1 << 24, link_gbps=100.0, ranks=ranks, codec_gbytes_s=None)
+    assert not e.codec_counted and e.codec_s == 0.0
+    assert e.speedup == pytest.approx(1 / e.wire_ratio, rel=1e-12)
+    # dual scales at G=128: (G + 1 + 4 G / 4096) / (2 G) of bf16, plus chunk padding
+    assert 0.5 < e.wire_ratio < 0.505
+
+
+def test_times_follow_the_stated_model():
+    n, p, link, codec = 1 << 22, 4, 200.0, 50.0
+    e = taco.estimate(n, torch.float16, link_gbps=link, ranks=p, codec_gbytes_s=codec, latency_us=5.0)
+    dense, link_bytes_s = 2 * n, link * 1e9 / 8
+    latency = 2 * (p - 1) * 5e-6
+    assert e.native_s == pytest.approx(2 * (p - 1) / p * dense / link_bytes_s + latency)
+    assert e.codec_s == pytest.approx((3 + 1 / p) * dense / (codec * 1e9))
+    assert e.compressed_s == pytest.approx(e.link_s + e.codec_s)
+    overlapped = taco.estimate(n, torch.float16, link_gbps=link, ranks=p, codec_gbytes_s=codec, overlap=True,
+                               latency_us=5.0)
+    assert overlapped.compressed_s == pytest.approx(max(e.link_s, e.codec_s))
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlapped"])
+def test_at_the_break_even_codec_throughput_the_speedup_is_one(overlap):
+    kw = dict(link_gbps=400.0, ranks=8, overlap=overlap)
+    even = taco.estimate(1 << 26, **kw).break_even_codec_gbytes_s
+    assert taco.estimate(1 << 26, codec_gbytes_s=even, **kw).speedup == pytest.approx(1.0, rel=1e-9)
+    assert taco.estimate(1 << 26, codec_gbytes_s=2 * even, **kw).speedup > 1
+    assert taco.estimate(1 << 26, codec_gbytes_s=even / 2, **kw).speedup < 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, names",
+    [
+        (dict(numel=0), "numel"),
+        (dict(numel=1.5), "numel"),
+        (dict(dtype=torch.int8), "dtype"),
+        (dict(link_gbps=0), "link_gbps"),
+        (dict(link_gbps=float("nan")), "link_gbps"),
+        (dict(ranks=1), "ranks"),
+        (dict(codec_gbytes_s=-1.0), "codec_gbytes_s"),
+        (dict(collective="broadcast"), "collective"),
+        (dict(latency_us=-1), "latency_us"),
+        (dict(config="fp8"), "config"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={v[k]}" for k in v),
+)
+def test_bad_input_raises_naming_the_value(kwargs, names):
+    args = dict(numel=1 << 20, link_gbps=100.0, ranks=8) | kwargs
+    with pytest.raises(ValueError, match=names):
+        taco.estimate(**args)
