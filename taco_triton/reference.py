@@ -42,7 +42,6 @@ from .config import CODEC_SPECS, SUPERBLOCK_ELEMS, CodecSpec, CompressionConfig
 from .layout import WireLayout
 
 UE4M4_NAN = 255
-UE4M4_ONE = 240  # the code of 1.0, the largest finite scale code
 _MASK32 = 0xFFFFFFFF
 
 
@@ -279,9 +278,16 @@ def _ue4m4_table(device: torch.device) -> torch.Tensor:
 
 
 def _row_amax(y: torch.Tensor) -> torch.Tensor:
-    """max |y| per row in one pass, NaN or Inf where the row holds one (so isfinite of it is
-    `group_finite`; after the Hadamard too, as one non-finite input reaches every output of its row)."""
-    return torch.linalg.vector_norm(y, ord=float("inf"), dim=1)
+    """max |y| per row, NaN or Inf where the row holds one (so isfinite of it is `group_finite`;
+    after the Hadamard too, as a non-finite input reaches every output of its row). Two plain
+    row reductions: torch runs them several times faster than abs().amax() or an inf-norm."""
+    return torch.maximum(y.amax(dim=1).abs_(), y.amin(dim=1).abs_())
+
+
+@functools.lru_cache(maxsize=16)
+def _code_values(codec: str, device: torch.device) -> torch.Tensor:
+    """`decode_codes` of every byte 0..255: a look-up table (torch's own FP8 cast is slow on CPU)."""
+    return decode_codes(torch.arange(256, dtype=torch.uint8, device=device), CODEC_SPECS[codec])
 
 
 def _superblock_rows(x: torch.Tensor, layout: WireLayout, scale: float = 1.0) -> torch.Tensor:
@@ -298,11 +304,12 @@ def _superblock_rows(x: torch.Tensor, layout: WireLayout, scale: float = 1.0) ->
 
 
 def _quantize(y: torch.Tensor, amax: torch.Tensor, finite: torch.Tensor, pre, config: CompressionConfig,
-              layout: WireLayout) -> torch.Tensor:
+              layout: WireLayout, scratch: bool = False) -> torch.Tensor:
     """Stages 3-4 (`dual_scales` / `taco_scales`, `scale_to_codes`, the encoders) written for speed.
 
     y: [n_groups or more, G], its row maxima `amax` and `finite` flags (consistent with y: a row
-    with a positive scale is all finite). Rows past n_groups are zero padding.
+    with a positive scale is all finite). Rows past n_groups are zero padding. With `scratch`, y
+    is overwritten.
     """
     spec = CODEC_SPECS[config.codec]
     n, gps = layout.n_groups, layout.groups_per_superblock
@@ -315,17 +322,15 @@ def _quantize(y: torch.Tensor, amax: torch.Tensor, finite: torch.Tensor, pre, co
         torch.div(sb_amax, spec.code_max, out=scale_a)
         sb_of_group = sb_amax.repeat_interleave(gps)[:n]
         ratio = torch.where(sb_of_group > 0, amax[:n] / sb_of_group, 0.0)
-        table = _ue4m4_table(y.device)
-        ue = torch.searchsorted(table[: UE4M4_ONE + 1], ratio)  # the smallest code not below: rounded up
-        ue = torch.where(finite[:n], ue, UE4M4_NAN)
+        ue = torch.where(finite[:n], encode_ue4m4_ceil(ratio), UE4M4_NAN)
         scale_b.copy_(ue)
-        sigma = scale_a.repeat_interleave(gps)[:n] * table[ue]
+        sigma = scale_a.repeat_interleave(gps)[:n] * _ue4m4_table(y.device).index_select(0, ue)
     else:
         scale_a.copy_(pre[:n])
         sigma = torch.where(finite[:n], amax[:n] / spec.code_max, float("nan"))
         scale_b.copy_(sigma)
     ok = sigma > 0  # else the group is all zero codes (zero, underflowing or non-finite)
-    v = y[:n] / torch.where(ok, sigma, 1.0)[:, None]
+    v = torch.div(y[:n], torch.where(ok, sigma, 1.0)[:, None], out=y[:n] if scratch else None)
     v.clamp_(-spec.code_max, spec.code_max)
     if config.stochastic:
         idx = torch.arange(v.numel(), dtype=torch.int64, device=v.device).view_as(v)
@@ -334,7 +339,7 @@ def _quantize(y: torch.Tensor, amax: torch.Tensor, finite: torch.Tensor, pre, co
         codes.view(spec.torch_dtype).copy_(v)
     else:
         codes.view(torch.int8).copy_(v.round_())
-    codes.masked_fill_(~ok[:, None], 0)
+    codes.index_fill_(0, torch.nonzero(~ok).view(-1), 0)  # few rows, if any
     return data
 
 
@@ -370,7 +375,7 @@ def compress_reference(x: torch.Tensor, config: CompressionConfig) -> torch.Tens
     amax = _row_amax(y)
     if pre is None:
         finite = torch.isfinite(amax)
-    return _quantize(y, amax, finite, pre, config, layout)
+    return _quantize(y, amax, finite, pre, config, layout, scratch=True)
 
 
 def _load(data: torch.Tensor, numel: int, config: CompressionConfig, pad: bool):
@@ -381,10 +386,15 @@ def _load(data: torch.Tensor, numel: int, config: CompressionConfig, pad: bool):
     n = layout.n_groups
     rows = layout.n_superblocks * layout.groups_per_superblock if pad else n
     vals = torch.empty(rows, layout.group_size, dtype=torch.float32, device=data.device)
-    vals[:n].copy_(codes.view(spec.torch_dtype))
+    if spec.is_float:
+        torch.index_select(_code_values(config.codec, data.device), 0, codes.reshape(-1).int(),
+                           out=vals[:n].view(-1))
+    else:
+        vals[:n].copy_(codes.view(torch.int8))
     vals[n:].zero_()
     if config.scales == "dual":
-        sigma = a.repeat_interleave(layout.groups_per_superblock)[:n] * _ue4m4_table(data.device)[b.long()]
+        sigma = a.repeat_interleave(layout.groups_per_superblock)[:n] * _ue4m4_table(data.device).index_select(
+            0, b.int())
         return vals, sigma, None
     return vals, b, a
 
@@ -451,4 +461,4 @@ def reduce_reference(
         pre = taco_prescale(ms, finite, CODEC_SPECS[config.codec])
         a.mul_(pre[:, None])
         amax = _row_amax(a)
-    return _quantize(a, amax, finite, pre, config, layout)
+    return _quantize(a, amax, finite, pre, config, layout, scratch=True)
