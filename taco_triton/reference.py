@@ -14,7 +14,16 @@ Each stage is a function of its own, in pipeline order:
                      cast; `encode_codes_bits` is the integer-bit encoder the kernels use in
                      Triton's interpreter and for stochastic rounding, kept here so it is tested
                      against torch's cast.
-5. `compress_reference` / `decompress_reference`: the whole pipeline on the wire layout.
+5. `compress_reference` / `decompress_reference` / `reduce_reference`: the whole pipeline on the
+                     wire layout. They are the CPU backend, so they take faster routes than the
+                     stages (fewer passes, in-place steps, table look-ups instead of bit
+                     arithmetic, the 1/(2G) folded into H for 16-bit inputs); the tests check that
+                     they give bit for bit what the stages give.
+
+The Hadamard matmul runs as one fixed-shape product per super-block (`_times_h`): how a BLAS
+sums a row can depend on how many rows it is given (MKL changes its kernel for row blocks under
+four), so transforming each super-block alone makes a group's bits independent of how a tensor
+is sliced (the collectives' pipeline slices are super-block aligned).
 
 Bit-level conventions shared with the kernels (`taco_triton/kernels/`):
 - Non-finite groups: any NaN/Inf in a group's input marks the group with scale code 255 (dual) or
@@ -30,7 +39,7 @@ import math
 import torch
 
 from . import alloc
-from .config import CODEC_SPECS, CodecSpec, CompressionConfig
+from .config import CODEC_SPECS, SUPERBLOCK_ELEMS, CodecSpec, CompressionConfig
 from .layout import WireLayout
 
 UE4M4_NAN = 255
@@ -58,24 +67,43 @@ def hadamard_matrix(g: int, dtype=torch.float32, device=None) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _hadamard_matrix(g: int, dtype, device) -> torch.Tensor:
+def _hadamard_matrix(g: int, dtype, device, scale: float = 1.0) -> torch.Tensor:
     i = torch.arange(g, device=device)
     v = i[:, None] & i[None, :]
     parity = torch.zeros_like(v)
     for k in range(g.bit_length()):  # a fixed trip count, so torch.compile traces it without breaks
         parity ^= (v >> k) & 1
-    return (1 - 2 * parity).to(dtype)
+    return ((1 - 2 * parity) * scale).to(dtype)
+
+
+def _times_h(rows: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """rows [n, G] @ h [G, G], as one [4096/G, G] x [G, G] product per super-block.
+
+    Row 0 starts a super-block; rows are zero-padded to whole super-blocks (no copy when they
+    already are). Every super-block goes through a product of the same shape, so its bits do not
+    depend on how many rows are transformed together.
+    """
+    n, g = rows.shape
+    per_sb = SUPERBLOCK_ELEMS // g
+    n_sb = -(-n // per_sb)
+    if n_sb * per_sb != n:
+        rows = torch.cat([rows, rows.new_zeros(n_sb * per_sb - n, g)])
+    out = torch.bmm(rows.view(n_sb, per_sb, g), h.expand(n_sb, g, g))
+    return out.view(n_sb * per_sb, g)[:n]
 
 
 def hadamard_forward(groups: torch.Tensor) -> torch.Tensor:
-    """y = x H / (2G) per row; the 1/(2G) is applied first, so the sum cannot overflow."""
+    """y = x H / (2G) per row; the 1/(2G) is applied first, so the sum cannot overflow.
+
+    Row 0 of `groups` is the first group of a super-block (see `_times_h`).
+    """
     g = groups.shape[-1]
-    return (groups * (0.5 / g)) @ hadamard_matrix(g, groups.dtype, groups.device)
+    return _times_h(groups * (0.5 / g), hadamard_matrix(g, groups.dtype, groups.device))
 
 
 def hadamard_inverse(y: torch.Tensor) -> torch.Tensor:
     """x = 2 y H per row: the exact inverse of `hadamard_forward` (H H = G I)."""
-    return (y @ hadamard_matrix(y.shape[-1], y.dtype, y.device)) * 2.0
+    return _times_h(y, hadamard_matrix(y.shape[-1], y.dtype, y.device)) * 2.0
 
 
 # --------------------------------------------------------------------------- bit helpers
@@ -254,56 +282,143 @@ def transform(x: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
     return hadamard_forward(groups) if config.hadamard else groups
 
 
+@functools.lru_cache(maxsize=16)
+def _ue4m4_table(device: torch.device) -> torch.Tensor:
+    """`decode_ue4m4` of every code 0..255, ascending up to code 240 (1.0)."""
+    return decode_ue4m4(torch.arange(256, device=device))
+
+
+def _row_amax(y: torch.Tensor) -> torch.Tensor:
+    """max |y| per row, NaN or Inf where the row holds one (so isfinite of it is `group_finite`;
+    after the Hadamard too, as a non-finite input reaches every output of its row). Two plain
+    row reductions: torch runs them several times faster than abs().amax() or an inf-norm."""
+    return torch.maximum(y.amax(dim=1).abs_(), y.amin(dim=1).abs_())
+
+
+@functools.lru_cache(maxsize=16)
+def _code_values(codec: str, device: torch.device) -> torch.Tensor:
+    """`decode_codes` of every byte 0..255: a look-up table (torch's own FP8 cast is slow on CPU)."""
+    return decode_codes(torch.arange(256, dtype=torch.uint8, device=device), CODEC_SPECS[codec])
+
+
+def _superblock_rows(x: torch.Tensor, layout: WireLayout, scale: float = 1.0) -> torch.Tensor:
+    """x flattened into a new FP32 [n_superblocks * 4096/G, G] tensor, zero-padded to whole
+    super-blocks, times `scale` (exact: a power of two, applied in FP32 as in `hadamard_forward`)."""
+    flat = torch.empty(layout.n_superblocks * SUPERBLOCK_ELEMS, dtype=torch.float32, device=x.device)
+    flat[x.numel():].zero_()
+    src = x.reshape(-1)
+    if scale == 1.0:
+        flat[: x.numel()].copy_(src)
+    else:
+        torch.mul(src.float(), scale, out=flat[: x.numel()])
+    return flat.view(-1, layout.group_size)
+
+
+def _quantize(y: torch.Tensor, amax: torch.Tensor, finite: torch.Tensor, pre, config: CompressionConfig,
+              layout: WireLayout, scratch: bool = False) -> torch.Tensor:
+    """Stages 3-4 (`dual_scales` / `taco_scales`, `scale_to_codes`, the encoders) written for speed.
+
+    y: [n_groups or more, G], its row maxima `amax` and `finite` flags (consistent with y: a row
+    with a positive scale is all finite). Rows past n_groups are zero padding. With `scratch`, y
+    is overwritten.
+    """
+    spec = CODEC_SPECS[config.codec]
+    n, gps = layout.n_groups, layout.groups_per_superblock
+    data = alloc.empty(layout.nbytes, torch.uint8, y.device)
+    codes, scale_a, scale_b = layout.split(data)
+    if config.scales == "dual":
+        amax = torch.where(finite, amax, 0.0)
+        amax = torch.nn.functional.pad(amax, (0, max(0, layout.n_superblocks * gps - amax.numel())))
+        sb_amax = amax[: layout.n_superblocks * gps].view(-1, gps).amax(dim=1)
+        torch.div(sb_amax, spec.code_max, out=scale_a)
+        sb_of_group = sb_amax.repeat_interleave(gps)[:n]
+        ratio = torch.where(sb_of_group > 0, amax[:n] / sb_of_group, 0.0)
+        ue = torch.where(finite[:n], encode_ue4m4_ceil(ratio), UE4M4_NAN)
+        scale_b.copy_(ue)
+        sigma = scale_a.repeat_interleave(gps)[:n] * _ue4m4_table(y.device).index_select(0, ue)
+    else:
+        scale_a.copy_(pre[:n])
+        sigma = torch.where(finite[:n], amax[:n] / spec.code_max, float("nan"))
+        scale_b.copy_(sigma)
+    ok = sigma > 0  # else the group is all zero codes (zero, underflowing or non-finite)
+    tiny = sigma < TINY_SIGMA  # as `scale_to_codes`: y * 2^64 first, then the reciprocal of sigma * 2^64
+    k = torch.where(tiny, TINY_SCALE, 1.0)
+    rcp = 1.0 / torch.where(ok, sigma * k, 1.0)
+    v = y[:n] if scratch else y[:n].clone()
+    if bool(tiny.any()):
+        v.mul_(k[:, None])
+    v.mul_(rcp[:, None])
+    v.clamp_(-spec.code_max, spec.code_max)
+    if config.stochastic:
+        idx = torch.arange(v.numel(), dtype=torch.int64, device=v.device).view_as(v)
+        codes.copy_(encode_codes_bits(v, spec, "stochastic", random_bits(config.seed, idx)))
+    elif spec.is_float:
+        codes.view(spec.torch_dtype).copy_(v)
+    else:
+        codes.view(torch.int8).copy_(v.round_())
+    codes.mul_(ok.to(torch.uint8)[:, None])
+    return data
+
+
 def quantize_groups(
     y: torch.Tensor, finite: torch.Tensor, pre: torch.Tensor | None, config: CompressionConfig, numel: int
 ) -> torch.Tensor:
     """Stages 3-4 on transformed groups y [n_groups, G]: the wire buffer of a `numel`-element tensor.
 
     `pre` is TACO's pre-scale (already applied to y) for taco_fp32x2, None for dual scales.
+    `finite` is `group_finite` of the untransformed groups.
     """
-    spec = CODEC_SPECS[config.codec]
-    layout = WireLayout.of(numel, config)
-    if config.scales == "dual":
-        scale_a, scale_b, sigma = dual_scales(y, finite, spec, layout.groups_per_superblock)
-    else:
-        scale_a, sigma = pre, taco_scales(y, finite, spec)
-        scale_b = sigma
-    v = scale_to_codes(y, sigma, spec)
-    if config.stochastic:
-        idx = torch.arange(v.numel(), dtype=torch.int64, device=v.device).view_as(v)
-        codes = encode_codes_bits(v, spec, "stochastic", random_bits(config.seed, idx))
-    else:
-        codes = encode_codes(v, spec)
-    data = alloc.empty(layout.nbytes, torch.uint8, y.device)
-    c, a, b = layout.split(data)
-    c.copy_(codes)
-    a.copy_(scale_a)
-    b.copy_(scale_b)
-    return data
+    return _quantize(y, _row_amax(y), finite, pre, config, WireLayout.of(numel, config))
 
 
 def compress_reference(x: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
     """Compress `x` into its wire buffer (1-D uint8 of `WireLayout.of(x.numel(), config).nbytes`)."""
     spec = CODEC_SPECS[config.codec]
-    groups = to_groups(x, config.group_size)
-    finite = group_finite(groups)
+    layout = WireLayout.of(x.numel(), config)
+    g = config.group_size
+    h_scale = 0.5 / g if config.hadamard else 1.0
     pre = None
     if config.scales == "taco_fp32x2":
-        pre = taco_prescale(mean_square(groups), finite, spec)
-        groups = groups * pre[:, None]
-    y = hadamard_forward(groups) if config.hadamard else groups
-    return quantize_groups(y, finite, pre, config, x.numel())
+        rows = _superblock_rows(x, layout)
+        finite = torch.isfinite(_row_amax(rows))
+        pre = taco_prescale((rows * rows).sum(dim=1) / g, finite, spec)  # mean_square of finite rows
+        rows.mul_(pre[:, None]).mul_(h_scale)
+        h_scale = 1.0
+    elif x.dtype == torch.float32:
+        rows, h_scale = _superblock_rows(x, layout, h_scale), 1.0
+    else:  # a 16-bit value times 1/(2G) is exact in FP32, so the scale moves into H at no cost
+        rows = _superblock_rows(x, layout)
+    y = _times_h(rows, _hadamard_matrix(g, torch.float32, rows.device, h_scale)) if config.hadamard else rows
+    amax = _row_amax(y)
+    if pre is None:
+        finite = torch.isfinite(amax)
+    return _quantize(y, amax, finite, pre, config, layout, scratch=True)
+
+
+def _load(data: torch.Tensor, numel: int, config: CompressionConfig, pad: bool):
+    """`load_codes`, the decoded codes zero-padded to whole super-blocks if `pad`."""
+    layout = WireLayout.of(numel, config)
+    spec = CODEC_SPECS[config.codec]
+    codes, a, b = layout.split(data)
+    n = layout.n_groups
+    rows = layout.n_superblocks * layout.groups_per_superblock if pad else n
+    vals = torch.empty(rows, layout.group_size, dtype=torch.float32, device=data.device)
+    if spec.is_float:
+        torch.index_select(_code_values(config.codec, data.device), 0, codes.reshape(-1).int(),
+                           out=vals[:n].view(-1))
+    else:
+        vals[:n].copy_(codes.view(torch.int8))
+    vals[n:].zero_()
+    if config.scales == "dual":
+        sigma = a.repeat_interleave(layout.groups_per_superblock)[:n] * _ue4m4_table(data.device).index_select(
+            0, b.int())
+        return vals, sigma, None
+    return vals, b, a
 
 
 def load_codes(data: torch.Tensor, numel: int, config: CompressionConfig):
     """(decoded codes [n_groups, G], group scales sigma [n_groups], pre-scales or None)."""
-    spec = CODEC_SPECS[config.codec]
-    layout = WireLayout.of(numel, config)
-    codes, a, b = layout.split(data)
-    if config.scales == "dual":
-        sb = a.repeat_interleave(layout.groups_per_superblock)[: layout.n_groups]
-        return decode_codes(codes, spec), sb * decode_ue4m4(b), None
-    return decode_codes(codes, spec), b, a
+    return _load(data, numel, config, pad=False)
 
 
 def saturate_cast(y: torch.Tensor, dtype: torch.dtype, inf_above: float = math.inf) -> torch.Tensor:
@@ -313,8 +428,12 @@ def saturate_cast(y: torch.Tensor, dtype: torch.dtype, inf_above: float = math.i
     the largest value, so a reduced sum that overflowed stays visible as in the native collective).
     """
     big = torch.finfo(dtype).max
-    clamped = torch.where(y > big, big, torch.where(y < -big, -big, y))
-    return torch.where(y > inf_above, math.inf, torch.where(y < -inf_above, -math.inf, clamped)).to(dtype)
+    # Casting first gives the same values (rounding is monotonic and `big` is representable), on
+    # half the bytes when dtype is 16-bit.
+    out = y.to(dtype).clamp(-big, big)
+    if inf_above != math.inf:
+        out = torch.where(y > inf_above, math.inf, torch.where(y < -inf_above, -math.inf, out))
+    return out
 
 
 def decompress_reference(
@@ -323,14 +442,16 @@ def decompress_reference(
 ) -> torch.Tensor:
     """Inverse of `compress_reference`: a flat tensor of `numel` values of `dtype` (`inf_above`:
     see `saturate_cast`)."""
-    vals, sigma, pre = load_codes(data, numel, config)
+    vals, sigma, pre = _load(data, numel, config, pad=config.hadamard)
+    n = sigma.numel()
     if config.hadamard:  # +-1 transform of the codes first, then one scale multiply per element
-        y = (vals @ hadamard_matrix(config.group_size, device=vals.device)) * (2.0 * sigma)[:, None]
+        y = _times_h(vals, hadamard_matrix(config.group_size, device=vals.device))[:n]
+        y.mul_((2.0 * sigma)[:, None])
     else:
-        y = vals * sigma[:, None]
+        y = vals.mul_(sigma[:, None])
     if pre is not None:
-        y = y / pre[:, None]
-    return saturate_cast(y.reshape(-1)[:numel], dtype, inf_above)
+        y.div_(pre[:, None])
+    return saturate_cast(y.view(-1)[:numel], dtype, inf_above)
 
 
 def reduce_reference(
@@ -345,23 +466,27 @@ def reduce_reference(
     multiplied by `scale` (1/P for "avg"). Returns the chunk's wire buffer, or with `dense_dtype`
     its decompressed values (what reduce_scatter keeps).
     """
-    nbytes = WireLayout.of(numel, config).nbytes
+    layout = WireLayout.of(numel, config)
+    n, g = layout.n_groups, config.group_size
     acc = None
     for p in range(bufs.shape[0]):
-        vals, sigma, pre = load_codes(bufs[p, :nbytes], numel, config)
-        t = vals * sigma[:, None]
+        vals, sigma, pre = _load(bufs[p, : layout.nbytes], numel, config, pad=True)
+        t = vals[:n].mul_(sigma[:, None])
         if pre is not None:
-            t = t / pre[:, None]
-        acc = t if acc is None else acc + t
-    acc = acc * scale
-    finite = group_finite(acc)
-    g = config.group_size
+            t.div_(pre[:, None])
+        acc = vals if acc is None else acc.add_(vals)
+    if scale != 1.0:  # x * 1.0 is x, bit for bit
+        acc.mul_(scale)
+    a = acc[:n]
+    amax = _row_amax(a)
+    finite = torch.isfinite(amax)
     if dense_dtype is not None:
-        y = (acc @ hadamard_matrix(g, device=acc.device)) * 2.0 if config.hadamard else acc
+        y = _times_h(acc, hadamard_matrix(g, device=acc.device)).mul_(2.0)[:n] if config.hadamard else a
         return saturate_cast(y.reshape(-1)[:numel], dense_dtype, inf_above)
     pre = None
     if config.scales == "taco_fp32x2":  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
-        ms = mean_square(acc) * (4.0 * g if config.hadamard else 1.0)
+        ms = (a * a).sum(dim=1) / g * (4.0 * g if config.hadamard else 1.0)  # mean_square where finite
         pre = taco_prescale(ms, finite, CODEC_SPECS[config.codec])
-        acc = acc * pre[:, None]
-    return quantize_groups(acc, finite, pre, config, numel)
+        a.mul_(pre[:, None])
+        amax = _row_amax(a)
+    return _quantize(a, amax, finite, pre, config, layout, scratch=True)
