@@ -31,7 +31,8 @@ def sent_bytes(rank: int, world: int) -> dict:
         for name, call in calls.items():
             with taco.WireStats() as ws:
                 call()
-            out[(name, enabled)] = ws.wire_bytes
+            # the payload: the 8-byte rank-agreement fingerprint per peer is the check's, not the collective's
+            out[(name, enabled)] = ws.wire_bytes - ws.fingerprint_bytes
     return out
 
 

@@ -114,16 +114,19 @@ def encode_codes(v, rand, CODEC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
                  ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr):
     """u8 codes of scaled values |v| <= code_max (reference.encode_codes_bits / encode_codes).
 
-    The hardware's round-to-nearest-even conversions where they exist (FP8_HW: FP8 on sm_89+; HW:
-    any compiled GPU kernel, for INT8); elsewhere (the interpreter, sm_80, AMD's FP8 flavours) and
-    for stochastic rounding, an integer-bit encoder that matches torch's casts bit for bit.
+    The hardware's saturating round-to-nearest-even FP8 conversions where they exist (FP8_HW:
+    sm_89+), INT8 by the magic-number add; elsewhere (the interpreter, sm_80, AMD's FP8 flavours)
+    and for stochastic rounding, an integer-bit encoder that matches torch's casts bit for bit and
+    needs |v| <= code_max (`saturating_encoder` says which).
     """
     if FP8_HW and ROUND == NEAREST and CODEC == E4M3:
         return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     elif FP8_HW and ROUND == NEAREST and CODEC == E5M2:
         return v.to(tl.float8e5).to(tl.uint8, bitcast=True)
-    elif HW and ROUND == NEAREST and CODEC == INT8:
-        return tl.extra.libdevice.rint(v).to(tl.int8).to(tl.uint8, bitcast=True)
+    elif ROUND == NEAREST and CODEC == INT8:
+        # |v| <= 127(1 + 2^-21): adding 1.5 * 2^23 rounds v to an integer, ties to even, and leaves
+        # it in the low mantissa bits in two's complement; one add on every target
+        return ((v + 12582912.0).to(tl.int32, bitcast=True) & 0xFF).to(tl.uint8)
     else:
         sign, e, m = split_float(v)
         if CODEC == INT8:
@@ -136,6 +139,13 @@ def encode_codes(v, rand, CODEC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
             mag = ((eq - EMIN) << MBITS) + round_shift(m, s, ROUND, rand)
             code = mag | (sign << 7)
         return code.to(tl.uint8)
+
+
+@triton.jit
+def saturating_encoder(CODEC: tl.constexpr, ROUND: tl.constexpr, FP8_HW: tl.constexpr):
+    """True when `encode_codes` needs no clamp of v to +-code_max (values at most a few FP32 ulps
+    past it saturate or round to the largest code by themselves)."""
+    return ROUND == NEAREST and (CODEC == INT8 or FP8_HW)
 
 
 @triton.jit

@@ -21,6 +21,7 @@ from ._common import (
     encode_ue4m4_ceil,
     random_bits,
     row_absmax,
+    saturating_encoder,
     to_out_dtype,
 )
 
@@ -76,8 +77,8 @@ def quantize_store(
     Codes are v = y * (1 / sigma) per element, one correctly rounded reciprocal per group
     (reference.scale_to_codes does the same). Groups below TINY_SIGMA, whose reciprocal would
     overflow, are scaled by 2^64 first (exact: a power of two, far from FP32's maximum), so no
-    branch is needed. v is clamped to +-code_max, and to +0 for non-finite and all-zero groups
-    (their codes are 0). taco_fp32x2 (DUAL false): `pre` (already applied to y) and the absmax
+    branch is needed. v is +0 in non-finite and all-zero groups (their codes are 0) and clamped
+    to +-code_max where the encoder does not saturate by itself. taco_fp32x2 (DUAL false): `pre` (already applied to y) and the absmax
     scale per group.
     """
     amax = row_absmax(y)
@@ -92,11 +93,9 @@ def quantize_store(
     live = finite & (sigma > 0)
     k = tl.where(sigma < TINY_SIGMA, TINY_SCALE, 1.0)
     rcp = tl.where(live, tl.div_rn(1.0, tl.where(live, sigma * k, 1.0)), 0.0)
-    hi = tl.where(live, CODE_MAX, 0.0)[:, None]
-    lo = tl.where(live, -CODE_MAX, 0.0)[:, None]
-    v = (y * k[:, None]) * rcp[:, None]
-    # fmin/fmax return the non-NaN operand: NaN rows (rcp = 0 there) become hi = +0
-    v = tl.maximum(tl.minimum(v, hi), lo)
+    v = tl.where(live[:, None], (y * k[:, None]) * rcp[:, None], 0.0)  # a select: NaN rows become +0
+    if not saturating_encoder(CODEC, ROUND, FP8_HW):
+        v = tl.minimum(tl.maximum(v, -CODE_MAX), CODE_MAX)
     if ROUND == STOCHASTIC:
         rand = random_bits(seed, offs)
     else:
