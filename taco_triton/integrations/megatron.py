@@ -256,8 +256,8 @@ class _WorkList:
 
 
 class _DecodeAfterAll:
-    """Appended to megatron's batched p2p requests: waits for all of them, then decompresses the
-    received wire buffers into megatron's tensors (megatron waits for every request in order)."""
+    """A pipeline receive's request: waits for the wire buffer, then decompresses it into the
+    tensor megatron allocated (once)."""
 
     def __init__(self, reqs: list, decodes: list):
         self._reqs, self._decodes = reqs, decodes
@@ -472,11 +472,8 @@ class MegatronHandle:
                     tensor_send_next=send(tensor_send_next, "forward", nxt),
                     tensor_recv_next=recv(tensor_recv_next, "backward", nxt, "recv_next"),
                     group=group, prev_pipeline_rank=prev_pipeline_rank, next_pipeline_rank=next_pipeline_rank)
-        if not decodes:
-            return reqs
-        if isinstance(reqs, dict):  # _p2p_ops: one request per message, maybe waited later
-            return {k: _DecodeAfterAll([r], [decodes[k]]) if k in decodes else r for k, r in reqs.items()}
-        return list(reqs) + [_DecodeAfterAll(list(reqs), list(decodes.values()))]
+        # one request per message, maybe waited later (overlapped p2p): a receive decodes on wait
+        return {k: _DecodeAfterAll([r], [decodes[k]]) if k in decodes else r for k, r in reqs.items()}
 
     # ------------------------------------------------------------------ data parallel
     def _dp(self, kind, tensor, output, op, group, async_op, frame):
@@ -624,7 +621,7 @@ class MegatronHandle:
 
     def _pp_dp_replacements(self, p2pc, pgb) -> list[tuple[Any, str, Any]]:
         h = self
-        orig_p2p, orig_batched = p2pc._p2p_ops, p2pc._batched_p2p_ops
+        orig_p2p = p2pc._p2p_ops
         orig_rs = pgb.dist_reduce_scatter_func
 
         def _p2p_ops(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
@@ -635,9 +632,12 @@ class MegatronHandle:
 
         def _batched_p2p_ops(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
                              prev_pipeline_rank, next_pipeline_rank):
-            """taco_triton replacement of megatron's p2p_communication._batched_p2p_ops."""
-            return h._p2p(orig_batched, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next,
+            """taco_triton replacement of megatron's p2p_communication._batched_p2p_ops: the same
+            messages, issued in `_p2p_ops`' order of individual isend/irecv (batch_isend_irecv of
+            compressed wire buffers stalled on gloo in our runs); returns the requests as a list."""
+            reqs = h._p2p(orig_p2p, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next,
                           group, prev_pipeline_rank, next_pipeline_rank)
+            return list(reqs.values())
 
         def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
             """taco_triton replacement of torch.distributed.all_reduce inside param_and_grad_buffer.py."""
