@@ -1,4 +1,17 @@
-"""Route megatron-core's tensor-parallel (TP) communication through taco_triton's collectives.
+"""Route megatron-core's tensor-parallel (TP) communication through taco_triton's collectives,
+and its pipeline-parallel (PP) send/recv and data-parallel (DP) gradient reduction too.
+
+PP: ``p2p_communication._p2p_ops`` / ``_batched_p2p_ops`` are replaced; each message is decided
+by the PP policy at site ``megatron.pp.<direction>.stage<i>_to_stage<j>`` (direction "forward"
+for activations, "backward" for activation gradients; i, j pipeline ranks), the sender
+compresses it once (`collectives.p2p.encode`), the receiver gets the wire buffer and decodes it
+into megatron's tensor when megatron waits on the request. Batched requests are issued as
+``_p2p_ops``' individual isend/irecv. DP: in ``distributed.param_and_grad_buffer`` the module
+globals ``torch`` (its ``distributed.all_reduce``), ``dist_reduce_scatter_func``,
+``dist_all_gather_func`` and ``_coalescing_manager`` are replaced; gradient reductions use the DP
+policy at ``megatron.dp.bucket<k>.<collective>`` ("backward"), the parameter all-gather stays
+native unless ``compress_param_gather``. See `enable` for per-axis policies and error feedback,
+`MegatronHandle.by_axis` for bytes per axis. The TP part follows.
 
     from taco_triton.integrations import megatron as taco_megatron
     from taco_triton.parallel import CompressionPolicy
