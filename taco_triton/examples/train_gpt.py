@@ -12,7 +12,10 @@ int8 (INT8, G=128, Hadamard), auto (the policy calibrates every site on the firs
 --calibrate-steps steps, then freezes the plan; saved with --plan).
 
 --megatron trains megatron-core's GPTModel instead (TP via megatron, its communication routed
-through taco_triton by `integrations.megatron.enable`; see train_megatron.py).
+through taco_triton by `integrations.megatron.enable`; see train_megatron.py); only there
+--pp (pipeline stages) and --dp (data-parallel replicas) may exceed 1, on tp * pp * dp ranks:
+
+    python -m taco_triton.examples.train_gpt --megatron --tp 2 --pp 2 --dp 2 --compress none,int8 --steps 3
 """
 from __future__ import annotations
 
@@ -138,21 +141,26 @@ def _train(rank, world, mode, args, device) -> list[dict]:
     return rows
 
 
+def world_size(args) -> int:
+    return args.tp * args.pp * args.dp
+
+
 def run(mode: str, args) -> list[dict]:
-    """Train one mode on args.tp processes; returns rank 0's logged rows."""
+    """Train one mode on tp * pp * dp processes; returns rank 0's logged rows."""
     import torch.multiprocessing as mp
 
+    world = world_size(args)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=train_rank, args=(r, args.tp, port, mode, args, queue)) for r in range(args.tp)]
+    procs = [ctx.Process(target=train_rank, args=(r, world, port, mode, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     got = {}
     try:
-        while len(got) < args.tp:
+        while len(got) < world:
             try:
                 r, rows = queue.get(timeout=5)
                 got[r] = rows
@@ -178,16 +186,27 @@ def summarize(rows: list[dict]):
         "wire_MiB_per_step": df.groupby("mode").wire_bytes.median() / 2**20,
         "step_ms_median": df.groupby("mode").step_ms.median(),
     })
+    axes = [c[len("wire_"):] for c in df.columns if c.startswith("wire_") and c != "wire_bytes"]  # --megatron
+    for a in axes:
+        out[f"{a}_MiB_per_step"] = df.groupby("mode")[f"wire_{a}"].median() / 2**20
     if "none" in out.index:
         base = out.loc["none"]
         out["val_loss_vs_none_%"] = 100 * (out.final_val_loss / base.final_val_loss - 1)
         out["wire_vs_none"] = out.wire_MiB_per_step / base.wire_MiB_per_step
+        for a in axes:
+            if base[f"{a}_MiB_per_step"] > 0:
+                out[f"{a}_vs_none"] = out[f"{a}_MiB_per_step"] / base[f"{a}_MiB_per_step"]
     return df, out
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (gloo on CPU, NCCL on GPUs)")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (--megatron only)")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas (--megatron only)")
+    ap.add_argument("--microbatches", type=int, default=2, help="microbatches per step (--megatron only)")
+    ap.add_argument("--error-feedback", action="store_true",
+                    help="--megatron: DP gradients rounded to nearest with a per-bucket residual carried over")
     ap.add_argument("--compress", default="none,fp8,int8", help=f"comma-separated modes from {MODES}")
     ap.add_argument("--steps", type=int, default=300, help="training steps per mode")
     ap.add_argument("--layers", type=int, default=2, help="transformer layers")
@@ -223,10 +242,12 @@ def main(argv=None):
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"unknown --compress mode {m!r}; choose from {MODES}")
+    if not args.megatron and (args.pp, args.dp) != (1, 1):
+        raise SystemExit(f"--pp {args.pp} / --dp {args.dp} need --megatron (TinyGPT is TP only)")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores
     rows = []
     for m in modes:
-        print(f"training mode={m} tp={args.tp} steps={args.steps} ...", flush=True)
+        print(f"training mode={m} tp={args.tp} pp={args.pp} dp={args.dp} steps={args.steps} ...", flush=True)
         rows += run(m, args)
     df, summary = summarize(rows)
     print(summary.round(4).to_string())

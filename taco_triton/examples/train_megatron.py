@@ -1,24 +1,36 @@
-"""The `--megatron` body of `train_gpt`: the same training with megatron-core's GPTModel.
+"""The `--megatron` body of `train_gpt`: the same training with megatron-core's GPTModel, in 3D.
 
     python -m taco_triton.examples.train_gpt --megatron --tp 2 --compress none,fp8 --steps 300
+    python -m taco_triton.examples.train_gpt --megatron --tp 2 --pp 2 --dp 2 --compress none,int8 --steps 3
 
-Each spawned rank initializes megatron's parallel state (tensor_model_parallel_size = --tp),
-builds a GPTModel with the local layer spec (byte vocabulary 256, --layers/--hidden/--heads/--ffn,
-max sequence --seq, learned absolute positions, no dropout), and trains it on the same batches
-as `train_gpt` with AdamW on FP32 master weights. `taco_triton.integrations.megatron.enable`
-routes megatron's TP communication through taco_triton under the mode's policy (`make_policy`),
-in every mode: mode "none" is enabled with ``CompressionPolicy(default=None)``, so every routed
-collective runs the native one (megatron's own numerics) and is still counted by
-`taco.WireStats` like the compressed modes.
+Each spawned rank initializes megatron's parallel state (tensor_model_parallel_size = --tp,
+pipeline_model_parallel_size = --pp; data parallel = the rest: world = tp * pp * dp), builds its
+pipeline stage of a GPTModel with the local layer spec (byte vocabulary 256, --layers split over
+the stages, --hidden/--heads/--ffn, max sequence --seq, learned absolute positions, no dropout,
+untied output layer), wraps it in megatron's `DistributedDataParallel` (FP32 gradient buffers, one
+synchronous reduction per step) and trains it with megatron's pipeline schedule
+(`get_forward_backward_func`, --microbatches per step) and AdamW on FP32 master weights. Every DP
+rank draws its own slice of one global batch (--batch rows per DP rank), so runs with the same
+--batch * --dp see the same tokens.
 
-Precision: megatron's TP collectives communicate the activations' dtype (the integration does
-not apply the policy's ``comm_dtype``), so to keep the baseline bf16 as in `train_gpt`, the
-model always computes in bf16 (``TransformerConfig(bf16=True)``, softmax in FP32) on FP32 master
-weights, as megatron's mixed precision does; ``--compute-dtype`` does not apply here.
+`taco_triton.integrations.megatron.enable` routes the TP collectives, the pipeline send/recv and
+the DDP gradient reduction through taco_triton in every mode: mode "none" is enabled with
+``CompressionPolicy(default=None)``, so every routed call is native (megatron's own numerics)
+and still counted. In the other modes TP and PP use the mode's policy (`make_policy`) and DP
+gradients `integrations.megatron.gradient_policy` (INT8, Hadamard, stochastic rounding;
+--error-feedback: nearest rounding with a per-bucket residual). Each logged row has the loss and
+the bytes all ranks together sent per axis that step (wire_tp, wire_pp, wire_dp).
 
-Not routed (so not in wire_bytes in any mode): the three small FP32 all-reduces of
-``vocab_parallel_cross_entropy``. Sequence parallelism is not supported here (megatron's torch
-LayerNorm wrapper refuses it on CPU).
+Precision: megatron's collectives communicate the activations' dtype (the integration does not
+apply the policy's ``comm_dtype``), so to keep the baseline bf16 as in `train_gpt`, the model
+always computes in bf16 (``TransformerConfig(bf16=True)``, softmax in FP32; stage boundaries
+carry bf16) on FP32 master weights, as megatron's mixed precision does; ``--compute-dtype``
+does not apply here. DP gradients are reduced in FP32 (megatron's ``grad_reduce_in_fp32``), so
+their uncompressed baseline is FP32.
+
+Not routed (so not in the wire bytes in any mode): the three small FP32 all-reduces of
+``vocab_parallel_cross_entropy``, and the loss/byte reports of this example. Sequence
+parallelism is not supported here (megatron's torch LayerNorm wrapper refuses it on CPU).
 """
 from __future__ import annotations
 
@@ -32,102 +44,189 @@ import taco_triton as taco
 VOCAB = 256
 
 
-def _config(args, world):
+def _config(args, tp, pp):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
         num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
-        ffn_hidden_size=args.ffn, tensor_model_parallel_size=world,
-        use_cpu_initialization=True, gradient_accumulation_fusion=False, params_dtype=torch.float32,
-        bf16=True, masked_softmax_fusion=False, attention_softmax_in_fp32=True,
+        ffn_hidden_size=args.ffn, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.bfloat16, use_cpu_initialization=True, gradient_accumulation_fusion=False,
+        params_dtype=torch.float32, bf16=True, masked_softmax_fusion=False, attention_softmax_in_fp32=True,
         hidden_dropout=0.0, attention_dropout=0.0,
     )
+
+
+def check_layout(args, world: int) -> tuple[int, int, int]:
+    """(tp, pp, dp) of the run; ValueError naming the numbers when they do not fit."""
+    tp, pp = args.tp, getattr(args, "pp", 1)
+    dp = world // (tp * pp)
+    if tp * pp * dp != world or min(tp, pp, dp) < 1:
+        raise ValueError(f"world size {world} is not tp * pp * dp (tp={tp}, pp={pp})")
+    if args.layers % pp:
+        raise ValueError(f"--layers ({args.layers}) must be divisible by --pp ({pp})")
+    if args.batch % args.microbatches:
+        raise ValueError(f"--batch ({args.batch}) must be divisible by --microbatches ({args.microbatches})")
+    return tp, pp, dp
+
+
+class Stage:
+    """This rank's pipeline stage of the GPT, wrapped in megatron's DDP, with FP32 master weights,
+    and one training / evaluation step through megatron's pipeline schedule."""
+
+    def __init__(self, args, tp: int, pp: int, device: torch.device):
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.models.gpt.gpt_model import GPTModel
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        self.args, self.device = args, device
+        model_parallel_cuda_manual_seed(args.seed, inference_rng_tracker=True)
+        torch.manual_seed(args.seed)  # the same full weights in every mode
+        self.config = _config(args, tp, pp)
+        gpt = GPTModel(config=self.config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                       max_sequence_length=args.seq, pre_process=ps.is_pipeline_first_stage(),
+                       post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=False)
+        self.params = [p for p in gpt.parameters() if p.requires_grad]
+        self.master = [p.detach().clone().float().requires_grad_(True) for p in self.params]
+        gpt.to(device=device, dtype=torch.bfloat16)  # bf16 compute and communication on FP32 master weights
+        self.gpt = gpt
+        self.model = DistributedDataParallel(
+            self.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False), gpt)
+        self.opt = torch.optim.AdamW(self.master, lr=args.lr, weight_decay=0.01)
+        self.forward_backward = get_forward_backward_func()
+        self.last_stage = ps.is_pipeline_last_stage()
+        self.pos = torch.arange(args.seq, device=device)[None]
+        self.mask = torch.triu(torch.ones(args.seq, args.seq, device=device), diagonal=1).bool()[None, None]
+
+    def _forward_step(self, data_iterator, model):
+        x, y = next(data_iterator)
+        out = model(x, self.pos.expand_as(x), self.mask, labels=y)
+
+        def loss_func(per_token):  # mean over this microbatch's tokens, in FP32
+            loss = per_token.float().mean()
+            return loss, {"loss": loss.detach()}
+
+        return out, loss_func
+
+    def _run(self, x, y, forward_only: bool) -> float:
+        """One pass over a batch in --microbatches pieces; the mean loss (NaN off the last stage)."""
+        m = self.args.microbatches
+        mbs = list(zip(x.chunk(m), y.chunk(m)))
+        losses = self.forward_backward(
+            forward_step_func=self._forward_step, data_iterator=iter(mbs), model=[self.model], num_microbatches=m,
+            seq_length=self.args.seq, micro_batch_size=x.shape[0] // m, forward_only=forward_only)
+        if not self.last_stage:
+            return float("nan")
+        return float(sum(d["loss"] for d in losses) / len(losses))
+
+    def train_step(self, x, y) -> float:
+        """Forward, backward, DP gradient reduction, AdamW on the master weights."""
+        self.model.zero_grad_buffer()
+        loss = self._run(x, y, forward_only=False)
+        self.model.finish_grad_sync()
+        for m, p in zip(self.master, self.params):
+            m.grad = p.main_grad.float()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for m, p in zip(self.master, self.params):
+                p.copy_(m)
+        return loss
+
+    def eval_loss(self, x, y) -> float:
+        self.model.eval()
+        with torch.no_grad():
+            loss = self._run(x, y, forward_only=True)
+        self.model.train()
+        return loss
+
+
+def _dp_slice(t: torch.Tensor, dp_rank: int, dp: int) -> torch.Tensor:
+    return t.chunk(dp)[dp_rank]
+
+
+def _from_last_stage(value: float) -> float:
+    """The last pipeline stage's value, averaged over the DP replicas, on every rank (for reports;
+    not counted as traffic)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    t = torch.tensor([value if ps.is_pipeline_last_stage() else 0.0], dtype=torch.float64)
+    dist.all_reduce(t, group=ps.get_pipeline_model_parallel_group())
+    dist.all_reduce(t, group=ps.get_data_parallel_group())
+    return float(t) / ps.get_data_parallel_world_size()
+
+
+def _summed(values: list[float]) -> list[float]:
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
 
 
 def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.device) -> list[dict]:
     """Train one mode on this rank (the process group is up); returns the logged rows."""
     if args.sequence_parallel:
         raise ValueError("--megatron does not support --sequence-parallel (torch LayerNorm on CPU)")
+    tp, pp, dp = check_layout(args, world)
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    from taco_triton.integrations import megatron as tm
-
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from taco_triton.examples.data import TextBatches, stdlib_bytes
     from taco_triton.examples.train_gpt import make_policy
+    from taco_triton.integrations import megatron as tm
 
     with tm.cpu_compat():
-        ps.initialize_model_parallel(tensor_model_parallel_size=world)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         handle = None
         try:
-            model_parallel_cuda_manual_seed(args.seed, inference_rng_tracker=True)
-            torch.manual_seed(args.seed)  # the same full weights in every mode
-            model = GPTModel(config=_config(args, world), transformer_layer_spec=get_gpt_layer_local_spec(),
-                             vocab_size=VOCAB, max_sequence_length=args.seq).to(device)
-            params = [p for p in model.parameters() if p.requires_grad]
-            master = [p.detach().clone().float().requires_grad_(True) for p in params]
-            model.to(torch.bfloat16)  # bf16 compute and communication on FP32 master weights
-            opt = torch.optim.AdamW(master, lr=args.lr, weight_decay=0.01)
+            stage = Stage(args, tp, pp, device)
+            dp_rank = ps.get_data_parallel_rank()
             policy = make_policy(mode, args)
-            handle = tm.enable(policy, model=model)
+            handle = tm.enable(policy, model=stage.gpt, error_feedback=getattr(args, "error_feedback", False))
 
             data = TextBatches(stdlib_bytes(args.data_bytes), args.seq)
-            gen = torch.Generator().manual_seed(args.seed + 1)  # every rank of the TP group sees the same batch
-            pos = torch.arange(args.seq, device=device)[None]
-            mask = torch.triu(torch.ones(args.seq, args.seq, device=device), diagonal=1).bool()[None, None]
+            gen = torch.Generator().manual_seed(args.seed + 1)  # the same global batches on every rank
 
-            def loss_of(x, y):  # per-token losses in FP32, identical on every TP rank
-                return model(x, pos.expand_as(x), mask, labels=y).float().mean()
+            def batch(split, g):
+                return [_dp_slice(t, dp_rank, dp).to(device) for t in data.batch(split, args.batch * dp, g)]
 
             def evaluate():
                 g = torch.Generator().manual_seed(args.seed + 2)  # the same validation batches every time
-                model.eval()
-                with torch.no_grad():
-                    losses = [float(loss_of(*(t.to(device) for t in data.batch("val", args.batch, g))))
-                              for _ in range(args.eval_batches)]
-                model.train()
-                return sum(losses) / len(losses)
+                losses = [stage.eval_loss(*batch("val", g)) for _ in range(args.eval_batches)]
+                return _from_last_stage(sum(losses) / len(losses))
 
             rows = []
             for step in range(1, args.steps + 1):
-                x, y = (t.to(device) for t in data.batch("train", args.batch, gen))
+                x, y = batch("train", gen)
+                handle.reset_stats()
                 t0 = time.perf_counter()
-                with taco.WireStats() as ws:
-                    loss = loss_of(x, y)
-                    loss.backward()
-                for m, p in zip(master, params):
-                    m.grad = p.grad.float() if p.grad is not None else None
-                    p.grad = None
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                with torch.no_grad():
-                    for m, p in zip(master, params):
-                        p.copy_(m)
+                loss = stage.train_step(x, y)
                 policy.step()
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
-                row = {"mode": mode, "step": step, "train_loss": float(loss.detach()), "wire_bytes": ws.wire_bytes,
-                       "compressed_calls": sum(c.compressed for c in ws.calls), "step_ms": 1e3 * dt,
-                       "val_loss": float("nan")}
+                axes = handle.by_axis()
+                wire = _summed([axes[a].wire_bytes for a in tm.AXES] + [sum(axes[a].compressed for a in tm.AXES)])
+                loss = _from_last_stage(loss)
+                row = {"mode": mode, "step": step, "train_loss": loss,
+                       **{f"wire_{a}": w for a, w in zip(tm.AXES, wire)}, "wire_bytes": sum(wire[:3]),
+                       "compressed_calls": int(wire[3]), "step_ms": 1e3 * dt, "val_loss": float("nan")}
                 if step % args.eval_every == 0 or step == args.steps:
                     row["val_loss"] = evaluate()
                 rows.append(row)
-                if rank == 0 and args.verbose and (step % args.eval_every == 0 or step == args.steps):
-                    print(f"  [megatron {mode}] step {step:4d}  train {row['train_loss']:.4f}  "
-                          f"val {row['val_loss']:.4f}  wire {row['wire_bytes'] / 2**20:.2f} MiB  "
+                if rank == 0 and args.verbose and (args.steps <= 20 or step % args.eval_every == 0
+                                                   or step == args.steps):
+                    print(f"  [megatron {mode} tp{tp} pp{pp} dp{dp}] step {step:4d}  train {row['train_loss']:.4f}  "
+                          f"val {row['val_loss']:.4f}  wire MiB tp {row['wire_tp'] / 2**20:.3f}  "
+                          f"pp {row['wire_pp'] / 2**20:.3f}  dp {row['wire_dp'] / 2**20:.3f}  "
                           f"{row['step_ms']:.0f} ms", flush=True)
-            if rank == 0 and args.verbose:
-                routed = sum(s.calls for s in handle.stats.values())
-                compressed = sum(s.compressed for s in handle.stats.values())
-                print(f"  [megatron {mode}] routed {routed} TP collectives at {len(handle.stats)} sites, "
-                      f"{compressed} compressed", flush=True)
-                if policy.frozen:
-                    print(f"  [megatron {mode}] frozen plan: {len(policy.plan_dict())} sites, codecs "
-                          f"{sorted({(c.codec, c.group_size, c.hadamard) for c in policy.plan_dict().values()})}")
+            if rank == 0 and args.verbose and policy.frozen:
+                print(f"  [megatron {mode}] frozen plan: {len(policy.plan_dict())} sites, codecs "
+                      f"{sorted({(c.codec, c.group_size, c.hadamard) for c in policy.plan_dict().values()})}")
             return rows
         finally:
             if handle is not None:

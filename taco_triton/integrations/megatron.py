@@ -1,4 +1,17 @@
-"""Route megatron-core's tensor-parallel (TP) communication through taco_triton's collectives.
+"""Route megatron-core's tensor-parallel (TP) communication through taco_triton's collectives,
+and its pipeline-parallel (PP) send/recv and data-parallel (DP) gradient reduction too.
+
+PP: ``p2p_communication._p2p_ops`` / ``_batched_p2p_ops`` are replaced; each message is decided
+by the PP policy at site ``megatron.pp.<direction>.stage<i>_to_stage<j>`` (direction "forward"
+for activations, "backward" for activation gradients; i, j pipeline ranks), the sender
+compresses it once (`collectives.p2p.encode`), the receiver gets the wire buffer and decodes it
+into megatron's tensor when megatron waits on the request. Batched requests are issued as
+``_p2p_ops``' individual isend/irecv. DP: in ``distributed.param_and_grad_buffer`` the module
+globals ``torch`` (its ``distributed.all_reduce``), ``dist_reduce_scatter_func``,
+``dist_all_gather_func`` and ``_coalescing_manager`` are replaced; gradient reductions use the DP
+policy at ``megatron.dp.bucket<k>.<collective>`` ("backward"), the parameter all-gather stays
+native unless ``compress_param_gather``. See `enable` for per-axis policies and error feedback,
+`MegatronHandle.by_axis` for bytes per axis. The TP part follows.
 
     from taco_triton.integrations import megatron as taco_megatron
     from taco_triton.parallel import CompressionPolicy
@@ -82,15 +95,17 @@ from __future__ import annotations
 import contextlib
 import sys
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from ..collectives import WireStats, p2p
 from ..config import INPUT_DTYPES, CompressionConfig
 
-__all__ = ["MegatronHandle", "SiteStats", "cpu_compat", "enable", "active_handle"]
+__all__ = ["AXES", "GRADIENT_CONFIG", "MegatronHandle", "SiteStats", "active_handle", "cpu_compat", "enable",
+           "gradient_policy"]
 
 #: The pip extra that installs the supported megatron-core.
 EXTRA = "pip install 'taco-triton[megatron]'"
@@ -119,28 +134,47 @@ _MAPPINGS_GLOBALS = (
     "_reduce", "_gather_along_first_dim", "_reduce_scatter_along_first_dim", "_gather_along_last_dim",
 )
 _LAYERS_GLOBALS = ("torch", "dist_all_gather_func", "dist_reduce_scatter_func")
+_P2P_GLOBALS = ("_p2p_ops", "_batched_p2p_ops")
+_DDP_GLOBALS = ("torch", "dist_all_gather_func", "dist_reduce_scatter_func", "_coalescing_manager")
+
+#: The parallel axes a handle routes: tensor (TP collectives), pipeline (stage-boundary
+#: send/recv), data (DDP gradient reduction and the distributed optimizer's parameter all-gather).
+AXES = ("tp", "pp", "dp")
+#: What data-parallel gradients are compressed with by default: INT8 after the block Hadamard
+#: transform (which spreads outliers over the group), stochastic rounding so that the reduced
+#: gradient is unbiased.
+GRADIENT_CONFIG = CompressionConfig(codec="int8", hadamard=True, rounding="stochastic")
+_REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
 
 _active: "MegatronHandle | None" = None
 
 
 @dataclass
 class SiteStats:
-    """Routed calls of one (site, direction, collective): how many, how many compressed, input bytes."""
+    """Routed calls of one (site, direction, collective): how many, how many compressed, input bytes,
+    wire bytes, and the axis ("tp", "pp" or "dp") the site belongs to."""
 
     calls: int = 0
     compressed: int = 0
     bytes: int = 0
+    #: bytes this rank handed to the process group for these calls (as `WireStats` counts them)
+    wire_bytes: float = 0.0
+    axis: str = "tp"
 
 
 def _import_megatron():
+    """megatron-core's modules holding the patch points: (mappings, layers, p2p_communication,
+    param_and_grad_buffer)."""
     try:
+        from megatron.core.distributed import param_and_grad_buffer
+        from megatron.core.pipeline_parallel import p2p_communication
         from megatron.core.tensor_parallel import layers, mappings
     except ImportError as e:
         raise ImportError(
             f"taco_triton.integrations.megatron needs megatron-core (tested with {TESTED_VERSION}): {EXTRA}"
             f" ({type(e).__name__}: {e})"
         ) from e
-    return mappings, layers
+    return mappings, layers, p2p_communication, param_and_grad_buffer
 
 
 def _megatron_version() -> str:
@@ -199,6 +233,74 @@ class _TorchShim:
         return getattr(torch, name)
 
 
+@dataclass(eq=False)
+class _Meter(WireStats):
+    """A `WireStats` compared by identity: dataclass equality would let an empty meter that exits
+    first remove an equal (empty) outer `WireStats` from the recording stack."""
+
+    calls: list = field(default_factory=list)
+
+
+class _CountedWork:
+    """A routed async collective's Work: `wait()` also counts the bytes sent while finishing it."""
+
+    def __init__(self, work, st: SiteStats):
+        self._work, self._st = work, st
+
+    def wait(self, timeout=None):
+        with _Meter() as ws:
+            out = self._work.wait()
+        self._st.wire_bytes += ws.wire_bytes
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+class _WorkList:
+    """What our `_coalescing_manager` yields: the async Works issued inside it; `wait()` waits all."""
+
+    def __init__(self):
+        self.works: list = []
+
+    def wait(self, timeout=None) -> None:
+        for w in self.works:
+            w.wait()
+
+
+class _DecodeAfterAll:
+    """A pipeline receive's request: waits for the wire buffer, then decompresses it into the
+    tensor megatron allocated (once)."""
+
+    def __init__(self, reqs: list, decodes: list):
+        self._reqs, self._decodes = reqs, decodes
+
+    def wait(self, timeout=None) -> bool:
+        for r in self._reqs:
+            r.wait()
+        for wire, tensor, cfg in self._decodes:
+            p2p.decode_into(wire, tensor, cfg)
+        self._decodes = []
+        return True
+
+
+def gradient_policy(policy=None, *, error_feedback: bool = False):
+    """The data-parallel policy `enable` derives when it is not given one.
+
+    `GRADIENT_CONFIG` (INT8, Hadamard, stochastic rounding) for every DP site, with the
+    `min_bytes` and `exempt` patterns of `policy`; nothing compressed when `policy.default` is
+    None. With `error_feedback`, rounding is nearest (the residual this rank carries is then
+    exactly what its quantization dropped; see `enable`).
+    """
+    from ..parallel import CompressionPolicy
+
+    cfg = GRADIENT_CONFIG.replace(rounding="nearest") if error_feedback else GRADIENT_CONFIG
+    if policy is None:
+        return CompressionPolicy(default=cfg)
+    return CompressionPolicy(default=cfg if policy.default is not None else None, min_bytes=policy.min_bytes,
+                             exempt=list(policy.exempt))
+
+
 class MegatronHandle:
     """An active routing of megatron-core's TP communication; see the module docstring.
 
@@ -209,8 +311,14 @@ class MegatronHandle:
         patched: "module.attribute" names replaced while active.
     """
 
-    def __init__(self, policy, model=None):
+    def __init__(self, policy, model=None, *, pp=None, dp=None, error_feedback: bool = False,
+                 compress_param_gather: bool = False):
         self.policy = policy
+        self.policies = {"tp": policy, "pp": pp if pp is not None else policy, "dp": dp}
+        self.error_feedback = error_feedback
+        self.compress_param_gather = compress_param_gather
+        self.residuals: dict[tuple[int, int], torch.Tensor] = {}  # DP error feedback, per bucket buffer
+        self._batches: list[_WorkList] = []
         self.stats: dict[tuple[str, str, str], SiteStats] = {}
         self.patched: list[str] = []
         self._saved: list[tuple[Any, str, Any, Any]] = []
@@ -250,6 +358,17 @@ class MegatronHandle:
     def reset_stats(self) -> None:
         self.stats = {}
 
+    def by_axis(self) -> dict[str, SiteStats]:
+        """`stats` summed per axis ("tp", "pp", "dp"; every axis present, zeros where unused)."""
+        out = {a: SiteStats(axis=a) for a in AXES}
+        for st in self.stats.values():
+            o = out[st.axis]
+            o.calls += st.calls
+            o.compressed += st.compressed
+            o.bytes += st.bytes
+            o.wire_bytes += st.wire_bytes
+        return out
+
     def __repr__(self) -> str:
         calls = sum(s.calls for s in self.stats.values())
         return f"MegatronHandle(active={self._active}, sites={len(self.stats)}, calls={calls})"
@@ -283,45 +402,146 @@ class MegatronHandle:
         return forward
 
     # ------------------------------------------------------------------ routing
-    def _config(self, kind: str, caller, group, tensor: torch.Tensor) -> CompressionConfig:
-        role, direction, ctx = caller
-        layer = getattr(ctx, "_taco_layer", None) if ctx is not None else None
-        site = f"megatron.{layer}.{role}.{kind}" if layer else f"megatron.{role}.{kind}"
+    def _decide(self, axis, site, direction, kind, tensor, world, native=False) -> tuple[CompressionConfig | None, SiteStats]:
+        """The policy's config for one message (None: native), after counting and observing it."""
+        policy = self.policies[axis]
         nbytes = tensor.numel() * tensor.element_size()
-        eligible = tensor.dtype in INPUT_DTYPES and nbytes >= self.policy.min_bytes
-        if eligible:
-            self.policy.observe(site, direction, tensor)
-        cfg = self.policy.config_for(site, direction)
+        eligible = tensor.dtype in INPUT_DTYPES and nbytes >= policy.min_bytes
+        if eligible and kind != "recv":  # a receive buffer holds nothing yet
+            policy.observe(site, direction, tensor)
+        cfg = policy.config_for(site, direction)
         st = self.stats.get((site, direction, kind))
         if st is None:
-            st = self.stats[(site, direction, kind)] = SiteStats()
+            st = self.stats[(site, direction, kind)] = SiteStats(axis=axis)
         st.calls += 1
         st.bytes += nbytes
-        if eligible and cfg is not None and dist.get_world_size(group) > 1:
-            st.compressed += 1
-        return cfg if cfg is not None else _NATIVE
+        compress = eligible and cfg is not None and world > 1 and not native
+        st.compressed += compress
+        return (cfg if compress else None), st
+
+    def _route(self, axis, site, direction, kind, tensor, group, issue, native=False):
+        """Decide, then `issue(config, min_bytes)` one collective, counting the bytes it sends."""
+        cfg, st = self._decide(axis, site, direction, kind, tensor, dist.get_world_size(group), native)
+        with _Meter() as ws:
+            work = issue(cfg if cfg is not None else _NATIVE, self.policies[axis].min_bytes)
+        st.wire_bytes += ws.wire_bytes
+        return None if work is None else _CountedWork(work, st)
+
+    def _tp_site(self, kind: str, caller) -> tuple[str, str]:
+        role, direction, ctx = caller
+        layer = getattr(ctx, "_taco_layer", None) if ctx is not None else None
+        return (f"megatron.{layer}.{role}.{kind}" if layer else f"megatron.{role}.{kind}"), direction
 
     def _all_reduce(self, tensor, group, async_op, caller):
         from ..collectives import compressed as coll
 
-        cfg = self._config("all_reduce", caller, group, tensor)
-        return coll.all_reduce(tensor, group, cfg, async_op=async_op, min_bytes=self.policy.min_bytes)
+        site, direction = self._tp_site("all_reduce", caller)
+        return self._route("tp", site, direction, "all_reduce", tensor, group, lambda cfg, mb: coll.all_reduce(
+            tensor, group, cfg, async_op=async_op, min_bytes=mb))
 
     def _all_gather(self, output, input_, group, async_op, caller):
         from ..collectives import compressed as coll
 
-        cfg = self._config("all_gather", caller, group, input_)
-        return coll.all_gather(output, input_, group, cfg, async_op=async_op, min_bytes=self.policy.min_bytes)
+        site, direction = self._tp_site("all_gather", caller)
+        return self._route("tp", site, direction, "all_gather", input_, group, lambda cfg, mb: coll.all_gather(
+            output, input_, group, cfg, async_op=async_op, min_bytes=mb))
 
     def _reduce_scatter(self, output, input_, group, async_op, caller):
         from ..collectives import compressed as coll
 
-        cfg = self._config("reduce_scatter", caller, group, input_)
-        return coll.reduce_scatter(output, input_, group, cfg, async_op=async_op,
-                                   min_bytes=self.policy.min_bytes)
+        site, direction = self._tp_site("reduce_scatter", caller)
+        return self._route("tp", site, direction, "reduce_scatter", input_, group, lambda cfg, mb: coll.reduce_scatter(
+            output, input_, group, cfg, async_op=async_op, min_bytes=mb))
+
+    # ------------------------------------------------------------------ pipeline parallel
+    def _p2p(self, orig, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
+             prev_pipeline_rank, next_pipeline_rank):
+        """megatron's p2p helper (`orig`) on wire buffers: sends compressed once, receives decoded
+        into megatron's tensors when the returned requests are waited on."""
+        me, n = group.rank(), group.size()
+        prev, nxt = (me - 1) % n, (me + 1) % n
+
+        def send(t, direction, dst):
+            if t is None:
+                return None
+            cfg, st = self._decide("pp", f"megatron.pp.{direction}.stage{me}_to_stage{dst}", direction, "send", t, n)
+            wire = p2p.encode(t, cfg) if cfg is not None else t
+            with _Meter() as ws:
+                p2p.record_send(wire, cfg is not None)
+            st.wire_bytes += ws.wire_bytes
+            return wire
+
+        decodes = {}
+
+        def recv(t, direction, src, key):
+            if t is None:
+                return None
+            cfg, _ = self._decide("pp", f"megatron.pp.{direction}.stage{src}_to_stage{me}", direction, "recv", t, n)
+            if cfg is None:
+                return t
+            wire = p2p.wire_like(t, cfg)
+            decodes[key] = (wire, t, cfg)
+            return wire
+
+        reqs = orig(tensor_send_prev=send(tensor_send_prev, "backward", prev),
+                    tensor_recv_prev=recv(tensor_recv_prev, "forward", prev, "recv_prev"),
+                    tensor_send_next=send(tensor_send_next, "forward", nxt),
+                    tensor_recv_next=recv(tensor_recv_next, "backward", nxt, "recv_next"),
+                    group=group, prev_pipeline_rank=prev_pipeline_rank, next_pipeline_rank=next_pipeline_rank)
+        # one request per message, maybe waited later (overlapped p2p): a receive decodes on wait
+        return {k: _DecodeAfterAll([r], [decodes[k]]) if k in decodes else r for k, r in reqs.items()}
+
+    # ------------------------------------------------------------------ data parallel
+    def _dp(self, kind, tensor, output, op, group, async_op, frame):
+        """One DDP collective (bucket gradient all-reduce / reduce-scatter, or parameter all-gather)."""
+        from ..collectives import compressed as coll
+
+        bucket = frame.f_locals.get("bucket")
+        where = f"bucket{bucket.bucket_id}" if hasattr(bucket, "bucket_id") else frame.f_code.co_name.strip("_")
+        direction = "forward" if kind == "all_gather" else "backward"
+        site = f"megatron.dp.{where}.{kind}"
+        native = kind == "all_gather" and not self.compress_param_gather  # parameters stay exact by default
+
+        def issue(cfg, mb):
+            if self.error_feedback and cfg.enabled and kind != "all_gather":
+                self._feed_back_error(tensor, cfg, dist.get_world_size(group) if kind == "reduce_scatter" else 1, site)
+            if kind == "all_reduce":
+                return coll.all_reduce(tensor, group, cfg, op, async_op=async_op, min_bytes=mb)
+            if kind == "reduce_scatter":
+                return coll.reduce_scatter(output, tensor, group, cfg, op, async_op=async_op, min_bytes=mb)
+            return coll.all_gather(output, tensor, group, cfg, async_op=async_op, min_bytes=mb)
+
+        work = self._route("dp", site, direction, kind, tensor, group, issue, native=native)
+        if async_op and work is not None and self._batches:
+            self._batches[-1].works.append(work)
+        return work
+
+    def _feed_back_error(self, tensor, cfg, chunks, site) -> None:
+        """Error feedback: add this bucket's residual to its gradient, and keep as the new residual
+        what quantizing the result loses (the compressed collective's first quantization, computed
+        here the same way: nearest rounding is deterministic; per slice for reduce_scatter)."""
+        from .. import codec
+
+        if cfg.stochastic:
+            raise ValueError(
+                f"error feedback needs rounding='nearest' (the residual must be exactly what this rank's "
+                f"quantization drops), but {site} got {cfg}"
+            )
+        if not tensor.is_contiguous():
+            raise ValueError(f"error feedback needs a contiguous gradient buffer at {site}, got strides {tensor.stride()}")
+        flat = tensor.view(-1)
+        key = (flat.data_ptr(), flat.numel())
+        res = self.residuals.get(key)
+        if res is None:
+            res = self.residuals[key] = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
+        y = flat.float() + res
+        flat.copy_(y)
+        sent = torch.cat([codec.decompress(codec.compress(part, cfg)).float().view(-1)
+                          for part in flat.chunk(chunks)])
+        res.copy_(y - sent)
 
     # ------------------------------------------------------------------ replacements
-    def _replacements(self, mappings, layers) -> list[tuple[Any, str, Any]]:
+    def _replacements(self, mappings, layers, p2p_communication, param_and_grad_buffer) -> list[tuple[Any, str, Any]]:
         h = self
         orig_gather_first = mappings._gather_along_first_dim
         orig_rs_first = mappings._reduce_scatter_along_first_dim
@@ -404,6 +624,7 @@ class MegatronHandle:
             (layers, "dist_all_gather_func", dist_all_gather_func),
             (layers, "dist_reduce_scatter_func", dist_reduce_scatter_func),
         ]
+        reps += self._pp_dp_replacements(p2p_communication, param_and_grad_buffer)
         if self._names:  # layer names: tag each autograd node with the module that created it
             for mod in (mappings, layers):
                 for cls_name in _ROLES:
@@ -414,44 +635,125 @@ class MegatronHandle:
         return reps
 
 
-def enable(policy, model=None) -> MegatronHandle:
-    """Route megatron-core's TP communication through taco_triton under `policy`.
+    def _pp_dp_replacements(self, p2pc, pgb) -> list[tuple[Any, str, Any]]:
+        h = self
+        orig_p2p = p2pc._p2p_ops
+        orig_rs = pgb.dist_reduce_scatter_func
+
+        def _p2p_ops(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
+                     prev_pipeline_rank, next_pipeline_rank):
+            """taco_triton replacement of megatron's p2p_communication._p2p_ops."""
+            return h._p2p(orig_p2p, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
+                          prev_pipeline_rank, next_pipeline_rank)
+
+        def _batched_p2p_ops(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
+                             prev_pipeline_rank, next_pipeline_rank):
+            """taco_triton replacement of megatron's p2p_communication._batched_p2p_ops: the same
+            messages, issued in `_p2p_ops`' order of individual isend/irecv (batch_isend_irecv of
+            compressed wire buffers stalled on gloo in our runs); returns the requests as a list."""
+            reqs = h._p2p(orig_p2p, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next,
+                          group, prev_pipeline_rank, next_pipeline_rank)
+            return list(reqs.values())
+
+        def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            """taco_triton replacement of torch.distributed.all_reduce inside param_and_grad_buffer.py."""
+            if op not in _REDUCE_OPS:
+                return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+            return h._dp("all_reduce", tensor, None, _REDUCE_OPS[op], group, async_op, sys._getframe(1))
+
+        def dist_reduce_scatter_func(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            """taco_triton replacement of param_and_grad_buffer.dist_reduce_scatter_func."""
+            if op not in _REDUCE_OPS:
+                return orig_rs(output, input, op=op, group=group, async_op=async_op)
+            return h._dp("reduce_scatter", input, output, _REDUCE_OPS[op], group, async_op, sys._getframe(1))
+
+        def dist_all_gather_func(output, input, group=None, async_op=False):
+            """taco_triton replacement of param_and_grad_buffer.dist_all_gather_func."""
+            return h._dp("all_gather", input, output, "sum", group, async_op, sys._getframe(1))
+
+        @contextlib.contextmanager
+        def _coalescing_manager(group=None, device=None, async_ops=False):
+            """Our collectives are issued one by one; the handle megatron keeps waits for all of them."""
+            batch = _WorkList()
+            h._batches.append(batch)
+            try:
+                yield batch
+            finally:
+                h._batches.remove(batch)
+
+        return [
+            (p2pc, "_p2p_ops", _p2p_ops),
+            (p2pc, "_batched_p2p_ops", _batched_p2p_ops),
+            (pgb, "torch", _TorchShim(_DistShim(all_reduce))),
+            (pgb, "dist_reduce_scatter_func", dist_reduce_scatter_func),
+            (pgb, "dist_all_gather_func", dist_all_gather_func),
+            (pgb, "_coalescing_manager", _coalescing_manager),
+        ]
+
+
+def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback: bool = False,
+           compress_param_gather: bool = False) -> MegatronHandle:
+    """Route megatron-core's TP, PP and DP communication through taco_triton.
 
     Args:
         policy: a `taco_triton.parallel.CompressionPolicy` (anything with `config_for(site,
-            direction)`, `observe(site, direction, tensor)` and `min_bytes`).
-        model: optional; when given, site names carry the qualified name of the issuing module
+            direction)`, `observe(site, direction, tensor)` and `min_bytes`) for TP collectives
+            and pipeline send/recv; DP gradients get `gradient_policy(policy)` (INT8, Hadamard,
+            stochastic rounding) unless `dp` is given.
+        model: optional; when given, TP site names carry the qualified name of the issuing module
             (see the module docstring).
+        tp, pp, dp: per-axis policies, each replacing what `policy` would give that axis. An axis
+            that gets no policy at all is routed natively (counted, never compressed).
+        error_feedback: DP only: carry each gradient bucket's quantization residual to the next
+            step (the derived DP policy then rounds to nearest; a DP config with stochastic
+            rounding raises ValueError at the first compressed reduction).
+        compress_param_gather: also compress the distributed optimizer's parameter all-gather
+            with the DP policy's "forward" config (default: exact; compressed, every rank's model
+            weights carry that codec's error in every forward, while the optimizer's FP32 shard
+            stays exact).
 
     Returns a `MegatronHandle`; `handle.disable()` or `with enable(...):` undoes it.
 
     Raises:
+        TypeError: a policy argument is not a policy, or none is given.
         RuntimeError: already enabled (call the active handle's `disable()` first), or this
             megatron-core lacks a patch point.
         ImportError: megatron-core is not installed (names the extra to install).
     """
     global _active
-    for attr in ("config_for", "observe", "min_bytes"):
-        if not hasattr(policy, attr):
-            raise TypeError(
-                f"policy must be a CompressionPolicy (missing {attr!r}), got {type(policy).__name__}"
-            )
+    if policy is None and tp is None and pp is None and dp is None:
+        raise TypeError("enable needs a policy: enable(policy) or per-axis enable(tp=..., pp=..., dp=...)")
+    for name, pol in (("policy", policy), ("tp", tp), ("pp", pp), ("dp", dp)):
+        for attr in ("config_for", "observe", "min_bytes"):
+            if pol is not None and not hasattr(pol, attr):
+                raise TypeError(
+                    f"{name} must be a CompressionPolicy (missing {attr!r}), got {type(pol).__name__}"
+                )
     if _active is not None:
         raise RuntimeError(
             f"taco_triton.integrations.megatron is already enabled ({_active!r}); call its disable() first"
         )
-    mappings, layers = _import_megatron()
-    missing = [f"mappings.{n}" for n in _MAPPINGS_GLOBALS if not hasattr(mappings, n)]
-    missing += [f"layers.{n}" for n in _LAYERS_GLOBALS if not hasattr(layers, n)]
+    modules = _import_megatron()
+    missing = [f"{mod.__name__.rsplit('.', 1)[-1]}.{n}" for mod, names in
+               zip(modules, (_MAPPINGS_GLOBALS, _LAYERS_GLOBALS, _P2P_GLOBALS, _DDP_GLOBALS))
+               for n in names if not hasattr(mod, n)]
     if missing:
         raise RuntimeError(
             f"megatron-core {_megatron_version()} lacks {missing}; taco_triton's integration was written "
             f"against megatron-core {TESTED_VERSION} ({EXTRA})"
         )
-    handle = MegatronHandle(policy, model)
+    from ..parallel import CompressionPolicy
+
+    native = CompressionPolicy(default=None)
+    tp = tp if tp is not None else policy if policy is not None else native
+    pp = pp if pp is not None else policy if policy is not None else native
+    if dp is None:
+        dp = gradient_policy(policy, error_feedback=error_feedback) if policy is not None else native
+    handle = MegatronHandle(tp, model, pp=pp, dp=dp, error_feedback=error_feedback,
+                            compress_param_gather=compress_param_gather)
     handle._active = True
     try:
-        for obj, attr, new in handle._replacements(mappings, layers):
+        for obj, attr, new in handle._replacements(*modules):
             orig = obj.__dict__[attr] if isinstance(obj, type) else getattr(obj, attr)
             handle._saved.append((obj, attr, orig, new))
             setattr(obj, attr, new)
@@ -473,14 +775,39 @@ def _cpu_current_device() -> torch.device:
     return torch.device("cpu")
 
 
+def _no_op(*args, **kwargs) -> None:
+    return None
+
+
+class _CpuDeviceTorch:
+    """`torch` as megatron's pipeline schedules see it in `cpu_compat`: tensors they create with
+    ``device="cuda"`` (token counters) land on the CPU; everything else is torch's."""
+
+    _FACTORIES = frozenset({"zeros", "ones", "empty", "full", "tensor"})
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(torch, name)
+        if name not in self._FACTORIES:
+            return fn
+
+        def on_cpu(*args, **kwargs):
+            if str(kwargs.get("device", "")).startswith("cuda"):
+                kwargs["device"] = "cpu"
+            return fn(*args, **kwargs)
+
+        return on_cpu
+
+
 @contextlib.contextmanager
 def cpu_compat():
     """Let megatron-core run on a CPU-only torch build (gloo process groups): tests, CPU examples.
 
     megatron-core allocates buffers with ``device=torch.cuda.current_device()``, which raises on a
     CPU-only build. Inside this context ``torch.cuda.current_device`` returns
-    ``torch.device("cpu")``; on exit the original function is put back. When CUDA is available
-    it changes nothing.
+    ``torch.device("cpu")`` and ``torch.cuda.synchronize`` does nothing (the pipeline's p2p code
+    calls it), and megatron's pipeline schedules (``pipeline_parallel/schedules.py``, which
+    create tensors with ``device="cuda"``) see a ``torch`` that puts those on the CPU. On exit
+    the originals are put back. When CUDA is available it changes nothing.
 
     The other things megatron-core needs on CPU are arguments, not patches:
     ``TransformerConfig(use_cpu_initialization=True, gradient_accumulation_fusion=False, ...)``;
@@ -493,9 +820,18 @@ def cpu_compat():
     if torch.cuda.is_available():
         yield
         return
-    orig = torch.cuda.current_device
-    torch.cuda.current_device = _cpu_current_device
+    saved = [(torch.cuda, "current_device", _cpu_current_device), (torch.cuda, "synchronize", _no_op)]
+    try:
+        from megatron.core.pipeline_parallel import schedules
+
+        saved.append((schedules, "torch", _CpuDeviceTorch()))
+    except ImportError:  # without megatron-core there is nothing else to adapt
+        pass
+    saved = [(obj, attr, getattr(obj, attr), new) for obj, attr, new in saved]
+    for obj, attr, _, new in saved:
+        setattr(obj, attr, new)
     try:
         yield
     finally:
-        torch.cuda.current_device = orig
+        for obj, attr, orig, _ in reversed(saved):
+            setattr(obj, attr, orig)
