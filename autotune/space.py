@@ -1,8 +1,9 @@
 """The launch-config space of each kernel, and the rules that prune it.
 
 The full space is num_warps in {1, 2, 4, 8, 16} x num_stages in {1, 2, 3, 4} (20 configs). The
-tile never changes: one program owns one super-block of 4096 elements (4096/G rows of G), so a
-config only decides how many threads share that tile and how deeply loads are pipelined. Three
+tile never changes: a program loops over tiles of two super-blocks, 8192 elements (8192/G rows
+of G), so a config only decides how many threads share a tile and how deeply the next tile's
+loads are pipelined. Three
 rules remove configs that cannot pay off; `--no-prune` in the sweep times the full space anyway,
 which is how the rules are checked on a GPU.
 
@@ -12,19 +13,18 @@ which is how the rules are checked on a GPU.
    registered with `pipelined=True`, and keep all stages.
 
 2. Every thread must own at least one 16-byte vector of the tile: num_warps * 32 threads *
-   (16 / itemsize) elements <= 4096. More warps than that leave threads without a full vector
-   (or without any work) and add only scheduling overhead. With today's 4096-element tile this
-   bound is 16 warps for bf16/fp16 and 32 for fp32, so it removes nothing from {1..16}; it is
-   the rule that bites for a kernel registered with a smaller tile.
+   (16 / itemsize) elements <= the tile. More warps than that leave threads without a full vector
+   (or without any work) and add only scheduling overhead. With today's 8192-element tile this
+   bound is 16 warps for the 1-byte codes, so it removes nothing from {1..16}; it is the rule
+   that bites for a kernel registered with a smaller tile.
 
 3. No config whose estimated live registers exceed the hardware limit of 255 per thread (they
    would spill to local memory). The estimate counts the values live at the kernel's peak, the
-   Hadamard `tl.dot`: the FP32 tile twice (the dot's operand and its result, or without the
-   transform the tile and its per-element offsets) plus the +-1 Hadamard operand(s) (G*G for
-   G <= 128; 16*16 + (G/16)^2 for the two-stage transform of G = 256, 512), spread over
-   num_warps * 32 threads. This removes 1 warp everywhere (2 tiles = 256 registers/thread) and
-   2 warps for G = 128 with Hadamard (384/thread). It is an estimate (the compiler can reuse
-   registers), so it only removes configs above the hard limit, never "probably slow" ones.
+   Hadamard `tl.dot`: the FP32 tile twice (the dot's operand and its accumulator), spread over
+   num_warps * 32 threads; the Hadamard table is a tensor-core operand in shared memory. This
+   removes 1 and 2 warps (512 and 256 registers/thread). It is an estimate (the compiler can
+   reuse registers), so it only removes configs above the hard limit, never "probably slow"
+   ones; `bench/aot.py` reports the compiled kernels' real counts.
 
 The heuristic in `taco_triton.kernels._launch` always comes first and is never pruned, so a sweep
 or an online tuning can only match or beat the default. Under Triton's interpreter every config
@@ -55,14 +55,6 @@ def heuristic(kernel: str, config: CompressionConfig) -> dict:
 def full_space() -> list[dict]:
     """All 20 configs, fewest warps and stages first."""
     return [{"num_warps": w, "num_stages": s} for w, s in itertools.product(WARPS, STAGES)]
-
-
-def hadamard_operand_elems(config: CompressionConfig) -> int:
-    """Elements of the +-1 matrices the Hadamard dot keeps live (0 without the transform)."""
-    g = config.group_size
-    if not config.hadamard:
-        return 0
-    return g * g if g <= 128 else 16 * 16 + (g // 16) ** 2
 
 
 def estimated_registers(config: CompressionConfig, num_warps: int, tile_elems: int = SUPERBLOCK_ELEMS) -> int:
