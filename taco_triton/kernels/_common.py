@@ -193,6 +193,12 @@ def load_table(h_ptr, N: tl.constexpr):
 
 
 @triton.jit
+def load_tables(h_ptr, h16_ptr, G: tl.constexpr):
+    """(h, h16): the transform's tables (see `hadamard_rows`), loaded once per program."""
+    return load_table(h_ptr, G if G <= 128 else G // 16), load_table(h16_ptr, 16)
+
+
+@triton.jit
 def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr):
     """x @ T for each of the ROWS rows of x, T the launcher's [G, G] table (scaled +-1 matrix).
 

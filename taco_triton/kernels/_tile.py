@@ -27,10 +27,10 @@ from ._common import (
 
 
 @triton.jit
-def tile_rows(tile, ROWS: tl.constexpr, G: tl.constexpr):
-    """(rows [ROWS] int64, element offsets [ROWS, G] int64) of tile number `tile`."""
+def tile_rows(tile, n_groups, ROWS: tl.constexpr, G: tl.constexpr):
+    """(rows [ROWS] int64, element offsets [ROWS, G] int64, rows < n_groups) of tile number `tile`."""
     rows = tl.arange(0, ROWS).to(tl.int64) + tile * ROWS  # n_groups < 2^31: tile * ROWS fits int32
-    return rows, rows[:, None] * G + tl.arange(0, G)[None, :]
+    return rows, rows[:, None] * G + tl.arange(0, G)[None, :], rows < n_groups
 
 
 @triton.jit

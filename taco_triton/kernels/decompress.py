@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import codec_constexprs, decode_codes, hadamard_rows, load_table
+from ._common import codec_constexprs, decode_codes, hadamard_rows, load_tables
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, store_dense, tile_rows
@@ -31,11 +31,9 @@ def _decompress_kernel(
 ):
     ROWS: tl.constexpr = SBT * GPS
     if HADAMARD:
-        h = load_table(h_ptr, G if G <= 128 else G // 16)
-        h16 = load_table(h16_ptr, 16)
+        h, h16 = load_tables(h_ptr, h16_ptr, G)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        rows, offs = tile_rows(tile, ROWS, G)
-        row_ok = rows < n_groups
+        rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
         codes = tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
         sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
         if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element

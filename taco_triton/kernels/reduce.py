@@ -18,7 +18,7 @@ import triton.language as tl
 from .. import alloc
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import STOCHASTIC, codec_constexprs, decode_codes, hadamard_rows, load_table, row_absmax
+from ._common import STOCHASTIC, codec_constexprs, decode_codes, hadamard_rows, load_tables, row_absmax
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, quantize_store, store_dense, taco_prescale, tile_rows
@@ -36,11 +36,9 @@ def _reduce_kernel(
 ):
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
-        h = load_table(h_ptr, G if G <= 128 else G // 16)
-        h16 = load_table(h16_ptr, 16)
+        h, h16 = load_tables(h_ptr, h16_ptr, G)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        rows, offs = tile_rows(tile, ROWS, G)
-        row_ok = rows < n_groups
+        rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
         acc = tl.zeros([ROWS, G], dtype=tl.float32)
         c_ptr, a_ptr, b_ptr = in_codes_ptr, in_a_ptr, in_b_ptr  # advanced per rank: 64-bit pointer math
         for _p in range(n_ranks):
