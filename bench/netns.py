@@ -4,7 +4,7 @@
         subprocess.run(link.wrap([sys.executable, "worker.py"]), check=True)   # ranks on 127.0.0.1
         link.set_rate("0.5")                            # tc qdisc replace, same namespace
 
-What it does (root only; see ../shared/FINDINGS.md section 4):
+What it does (root only; loopback inside a network namespace of its own, so nothing else is throttled):
 
     ip netns add taco-bench-<pid>-<random>
     ip -n NAME link set lo up
@@ -70,7 +70,7 @@ def tbf_args(rate: str) -> list[str]:
     segment (a 64 KiB burst stalls TCP). Peak rate: 1.05x the rate (second bucket of one
     70000-byte packet), so credit banked while the ranks compute cannot be spent faster than
     the link: without it a bucket refills during every compute phase and the next transfer
-    starts with a free burst - with the 1 MiB burst of the FINDINGS recipe a 1 MiB message at
+    starts with a free burst - with a 1 MiB burst (the common tbf recipe) a 1 MiB message at
     "0.5 Gbit/s" went out at 1.3 Gbit/s after an idle moment (measured here), and even a 128 KiB
     burst saved ~20 ms per idle gap at 0.05 Gbit/s, which favours bursty (compressed) traffic
     at exactly the sizes where min_bytes is decided. With the peak rate a 1 MiB message after

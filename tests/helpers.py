@@ -40,7 +40,7 @@ def make_input(kind: str, shape, dtype: torch.dtype, seed: int = 0, magnitude: f
     if kind == "heavy":  # Student-t with 2 degrees of freedom: infinite variance tails
         chi = torch.randn((2, *shape), generator=g, dtype=torch.float64).pow(2).sum(0) / 2
         x = x / chi.sqrt().clamp_min(1e-3)
-    elif kind == "outliers":  # a few hidden channels hundreds of times larger (FINDINGS 2)
+    elif kind == "outliers":  # a few hidden channels hundreds of times larger, as in real TP activations
         cols = torch.randint(0, shape[-1], (max(1, shape[-1] // 64),), generator=g)
         x[..., cols] *= 400.0
     elif kind == "zero_groups":

@@ -105,7 +105,7 @@ def test_every_tp_collective_of_a_gpt_step_is_routed(parts):
 
     g = parts[0]["gpt"]
     hidden = {(mc.SEQ, mc.BATCH, mc.HIDDEN), (mc.BATCH, mc.SEQ, mc.HIDDEN)}  # embedding output is [b, s, h]
-    # unpatched megatron-core (FINDINGS 5): 5 forward all-reduces of activations + 3 small
+    # unpatched megatron-core 0.16 (counted on CPU/gloo): 5 forward all-reduces of activations + 3 small
     # cross-entropy all-reduces (one MAX), 5 backward dgrad all-reduces
     native = g["native_calls"]
     fwd_big = [c for c in native if c[0] == "forward" and c[1] in hidden]

@@ -1,12 +1,13 @@
-"""Codec error on real TP tensors of a pretrained model: FINDINGS 2's levels, and the goals.
+"""Codec error on real TP tensors of a pretrained model: the measured levels, and the goals.
 
-The claims checked are the ones FINDINGS 2 and the format make, each able to fail:
+The claims checked are the ones earlier measurements on these tensors and the format make, each
+able to fail:
 - the default dual-scale layout stays within 5% of TACO's released FP32x2 layout on every
   tensor (the design goal), at a higher compression ratio;
 - every round trip is inside its format-derived L2 bound;
-- INT8 with Hadamard beats FP8 with Hadamard by >= 3x on every tensor (FINDINGS: ~3.5x);
+- INT8 with Hadamard beats FP8 with Hadamard by >= 3x on every tensor (measured: ~3.5x);
 - on outlier-heavy tensors (a channel > 100x the rms) Hadamard cuts INT8's error >= 3x, and
-  raises FP8's (FINDINGS: 1.3% -> 2.3%).
+  raises FP8's (measured: 1.3% -> 2.3%).
 """
 import sys
 from pathlib import Path
