@@ -1,4 +1,4 @@
-"""Codec error on real TP tensors captured from a pretrained model (FINDINGS 2 reproduced).
+"""Codec error on real TP tensors captured from a pretrained model.
 
     python bench/real_tensors.py [--csv bench/results/real_tensor_errors.csv] [--n-texts 32]
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import taco_triton as taco  # noqa: E402
 from taco_triton.calibrate import relative_l2  # noqa: E402
 
-#: The configs of FINDINGS 2's table, plus ours: name -> config
+#: The candidate codecs (TACO's released layout, FP8 and INT8 with and without Hadamard), plus ours: name -> config
 CONFIGS = {
     "fp8_e4m3 G128 noH": taco.CompressionConfig(hadamard=False),
     "fp8_e4m3 G128 H (default)": taco.CompressionConfig(),
