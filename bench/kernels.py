@@ -72,7 +72,7 @@ COLUMNS = [
     "torch_version", "triton_version", "git_commit", "date",
     # extras
     "valid", "note", "input_bytes", "wire_bytes", "shape", "compile_s", "n_samples", "timer",
-    "platform", "git_dirty", "compile_dynamic",
+    "platform", "git_dirty", "compile_dynamic", "model_pct_bound",
 ]
 CPU_BANNER = """
 ##############################################################################################
@@ -538,7 +538,33 @@ class Bench:
         del x, wire_ref, out_ref
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+            for r in rows:  # the compile-time model's ceiling beside each measured Triton figure
+                if r["impl"] == "triton":
+                    r["model_pct_bound"] = model_bound(r["kernel"], cfg, dtype, dev)
         return add_ratios(rows)
+
+
+_MODEL: dict = {}
+
+
+def model_bound(kernel: str, cfg: CompressionConfig, dtype: torch.dtype, device: torch.device) -> float:
+    """bench/aot.py's bound on % of copy bandwidth for this launch on this GPU's target (NaN if
+    the model has no target for it). A model with spec-sheet constants, not a measurement."""
+    key = (kernel, cfg, dtype, device.index)
+    if key not in _MODEL:
+        import aot
+
+        major, minor = torch.cuda.get_device_capability(device)
+        target = f"sm_{major}{minor}"
+        if target not in aot.TARGETS:
+            return float("nan")
+        from taco_triton.kernels._launch import heuristic
+
+        p = heuristic(kernel, cfg)
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+        row = aot.evaluate(aot.Variant(kernel, cfg, name, p["num_warps"], p["num_stages"]), target)
+        _MODEL[key] = row.get("pct_copy_bw_bound", float("nan")) if row["ok"] else float("nan")
+    return _MODEL[key]
 
 
 def add_ratios(rows: list[dict]) -> list[dict]:
@@ -564,10 +590,11 @@ def add_ratios(rows: list[dict]) -> list[dict]:
 def print_table(df) -> None:
     show = df.assign(size=[fmt_size(int(b)) for b in df["input_bytes"]])
     cols = ["config", "size", "kernel", "impl", "median_ms", "p20_ms", "p80_ms", "logical_gbps",
-            "pct_of_copy", "speedup_vs_eager", "speedup_vs_compile", "valid"]
+            "pct_of_copy", "model_pct_bound", "speedup_vs_eager", "speedup_vs_compile", "valid"]
+    cols = [c for c in cols if c in df and (c != "model_pct_bound" or df[c].notna().any())]
     fmt = {
         "median_ms": "{:.4g}".format, "p20_ms": "{:.4g}".format, "p80_ms": "{:.4g}".format,
-        "logical_gbps": "{:.4g}".format, "pct_of_copy": "{:.1f}".format,
+        "logical_gbps": "{:.4g}".format, "pct_of_copy": "{:.1f}".format, "model_pct_bound": "{:.1f}".format,
         "speedup_vs_eager": "{:.2f}x".format, "speedup_vs_compile": "{:.2f}x".format,
     }
     with __import__("pandas").option_context("display.width", 250, "display.max_colwidth", 70,
@@ -706,7 +733,7 @@ def main(argv=None) -> int:
         df = pd.DataFrame(rows)
         if not len(df):
             return pd.DataFrame(columns=COLUMNS)
-        return df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
+        return df.reindex(columns=COLUMNS + [c for c in df.columns if c not in COLUMNS])
 
     rows: list[dict] = []
     t_start, last, stopped = time.perf_counter(), 0.0, False
