@@ -406,10 +406,14 @@ def load_codes(data: torch.Tensor, numel: int, config: CompressionConfig):
 
 def saturate_cast(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cast to `dtype`, clamping finite overflow to the dtype's largest value (NaN stays NaN)."""
-    big = torch.finfo(dtype).max
-    # Casting first gives the same values (rounding is monotonic and `big` is representable), on
-    # half the bytes when dtype is 16-bit.
-    return y.to(dtype).clamp(-big, big)
+    return _saturate_(y.to(dtype, copy=True))
+
+
+def _saturate_(t: torch.Tensor) -> torch.Tensor:
+    """Clamp `t` in place to its dtype's finite range. After a cast this equals clamping before
+    it (rounding is monotonic and the bound is representable), on half the bytes for 16-bit."""
+    big = torch.finfo(t.dtype).max
+    return t.clamp_(-big, big)
 
 
 def decompress_reference(
@@ -418,14 +422,15 @@ def decompress_reference(
     """Inverse of `compress_reference`: a flat tensor of `numel` values of `dtype`."""
     vals, sigma, pre = _load(data, numel, config, pad=config.hadamard)
     n = sigma.numel()
+    y, s = vals[:n], sigma[:, None]
     if config.hadamard:  # +-1 transform of the codes first, then one scale multiply per element
-        y = _times_h(vals, hadamard_matrix(config.group_size, device=vals.device))[:n]
-        y.mul_((2.0 * sigma)[:, None])
+        y, s = _times_h(vals, hadamard_matrix(config.group_size, device=vals.device))[:n], (2.0 * sigma)[:, None]
+    out = torch.empty(y.shape, dtype=dtype, device=y.device)
+    if pre is None:
+        torch.mul(y, s, out=out)  # the FP32 product, rounded to dtype on the way out
     else:
-        y = vals.mul_(sigma[:, None])
-    if pre is not None:
-        y.div_(pre[:, None])
-    return saturate_cast(y.view(-1)[:numel], dtype)
+        torch.div(y.mul_(s), pre[:, None], out=out)
+    return _saturate_(out.view(-1)[:numel])
 
 
 def reduce_reference(
@@ -456,7 +461,7 @@ def reduce_reference(
     finite = torch.isfinite(amax)
     if dense_dtype is not None:
         y = _times_h(acc, hadamard_matrix(g, device=acc.device)).mul_(2.0)[:n] if config.hadamard else a
-        return saturate_cast(y.reshape(-1)[:numel], dense_dtype)
+        return _saturate_(y.reshape(-1)[:numel].to(dense_dtype))
     pre = None
     if config.scales == "taco_fp32x2":  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
         ms = (a * a).sum(dim=1) / g * (4.0 * g if config.hadamard else 1.0)  # mean_square where finite
