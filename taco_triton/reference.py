@@ -425,12 +425,10 @@ def decompress_reference(
     y, s = vals[:n], sigma[:, None]
     if config.hadamard:  # +-1 transform of the codes first, then one scale multiply per element
         y, s = _times_h(vals, hadamard_matrix(config.group_size, device=vals.device))[:n], (2.0 * sigma)[:, None]
-    out = torch.empty(y.shape, dtype=dtype, device=y.device)
-    if pre is None:
-        torch.mul(y, s, out=out)  # the FP32 product, rounded to dtype on the way out
-    else:
-        torch.div(y.mul_(s), pre[:, None], out=out)
-    return _saturate_(out.view(-1)[:numel])
+    y.mul_(s)
+    if pre is not None:
+        y.div_(pre[:, None])
+    return _saturate_(y.view(-1)[:numel].to(dtype))  # (torch.mul into a 16-bit out= is several times slower)
 
 
 def reduce_reference(
