@@ -406,14 +406,10 @@ def load_codes(data: torch.Tensor, numel: int, config: CompressionConfig):
 
 def saturate_cast(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cast to `dtype`, clamping finite overflow to the dtype's largest value (NaN stays NaN)."""
-    return _saturate_(y.to(dtype, copy=True))
-
-
-def _saturate_(t: torch.Tensor) -> torch.Tensor:
-    """Clamp `t` in place to its dtype's finite range. After a cast this equals clamping before
-    it (rounding is monotonic and the bound is representable), on half the bytes for 16-bit."""
-    big = torch.finfo(t.dtype).max
-    return t.clamp_(-big, big)
+    big = torch.finfo(dtype).max
+    # Casting first gives the same values (rounding is monotonic and `big` is representable), on
+    # half the bytes when dtype is 16-bit.
+    return y.to(dtype).clamp(-big, big)
 
 
 def decompress_reference(
@@ -422,13 +418,14 @@ def decompress_reference(
     """Inverse of `compress_reference`: a flat tensor of `numel` values of `dtype`."""
     vals, sigma, pre = _load(data, numel, config, pad=config.hadamard)
     n = sigma.numel()
-    y, s = vals[:n], sigma[:, None]
     if config.hadamard:  # +-1 transform of the codes first, then one scale multiply per element
-        y, s = _times_h(vals, hadamard_matrix(config.group_size, device=vals.device))[:n], (2.0 * sigma)[:, None]
-    y.mul_(s)
+        y = _times_h(vals, hadamard_matrix(config.group_size, device=vals.device))[:n]
+        y.mul_((2.0 * sigma)[:, None])
+    else:
+        y = vals.mul_(sigma[:, None])
     if pre is not None:
         y.div_(pre[:, None])
-    return _saturate_(y.view(-1)[:numel].to(dtype))  # (torch.mul into a 16-bit out= is several times slower)
+    return saturate_cast(y.view(-1)[:numel], dtype)
 
 
 def reduce_reference(
@@ -459,7 +456,7 @@ def reduce_reference(
     finite = torch.isfinite(amax)
     if dense_dtype is not None:
         y = _times_h(acc, hadamard_matrix(g, device=acc.device)).mul_(2.0)[:n] if config.hadamard else a
-        return _saturate_(y.reshape(-1)[:numel].to(dense_dtype))
+        return saturate_cast(y.reshape(-1)[:numel], dense_dtype)
     pre = None
     if config.scales == "taco_fp32x2":  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
         ms = mean_square(a) * (4.0 * g if config.hadamard else 1.0)
