@@ -8,6 +8,10 @@ For every input size and config this measures, side by side and in one run:
     compile  `torch.compile(dynamic=True)` of that reference; if that fails at a size, dynamic=False
              is tried, and a failure of both is recorded in the row (`note`), not fatal
     copy     `dst.copy_(src)` of the input's bytes: the memory-bandwidth roofline
+    bare     the least a torch compress can do (`bare_pipeline`: rows of G in FP32 @ H, row absmax,
+             divide, cast to the code dtype; no padding, scales or edge cases): the yardstick of
+             the reference on CPU. `speedup_vs_bare` of a compress or decompress row is the bare
+             pipeline's median time over that row's, both moving the same logical bytes
 
 "Logical GB/s" counts the bytes a kernel must move at least: compress reads numel*itemsize and
 writes the wire buffer (codes + scales); decompress the reverse; copy reads and writes the input
@@ -28,6 +32,7 @@ Usage:
     python bench/kernels.py --group-size 256        # G = 256
     python bench/kernels.py --variants              # default, int8 and G=256 in one CSV
     TRITON_INTERPRET=1 python bench/kernels.py --quick   # CPU smoke run (tiny sizes)
+    python bench/kernels.py --device cpu --impls eager,bare,copy --sizes 8M   # the CPU backend
 
 Exit status: 0, or 3 if a Triton kernel's output failed validation (the CSV is written anyway).
 Importing this module makes no CUDA call.
@@ -59,7 +64,7 @@ from taco_triton.config import CODECS, GROUP_SIZES, CompressionConfig  # noqa: E
 from taco_triton.layout import WireLayout  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-IMPLS = ("triton", "eager", "compile", "copy")
+IMPLS = ("triton", "eager", "compile", "copy", "bare")
 COMPILE_DYNAMIC = {"true": True, "false": False, "auto": None}
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 CUDA_SIZES = [MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, GIB]
@@ -72,7 +77,7 @@ COLUMNS = [
     "torch_version", "triton_version", "git_commit", "date",
     # extras
     "valid", "note", "input_bytes", "wire_bytes", "shape", "compile_s", "n_samples", "timer",
-    "platform", "git_dirty", "compile_dynamic", "model_pct_bound",
+    "platform", "git_dirty", "compile_dynamic", "speedup_vs_bare", "model_pct_bound",
 ]
 CPU_BANNER = """
 ##############################################################################################
@@ -350,6 +355,14 @@ def check_decompress(out: torch.Tensor, out_ref: torch.Tensor, cfg: CompressionC
     return ok, ("ok (" + msg + ")") if ok else ("FAIL: " + msg)
 
 
+def bare_pipeline(x: torch.Tensor, cfg: CompressionConfig) -> torch.Tensor:
+    """`x.float().view(-1, G) @ H`, row absmax, divide, cast to the codes' dtype (whole groups only)."""
+    g = cfg.group_size
+    rows = x.reshape(-1)[: x.numel() // g * g].float().view(-1, g)
+    y = rows @ reference.hadamard_matrix(g, device=x.device) if cfg.hadamard else rows
+    return (y / y.abs().amax(dim=1, keepdim=True)).to(cfg.spec.torch_dtype)
+
+
 # --------------------------------------------------------------------------- the benchmark
 class Bench:
     def __init__(self, args, device: torch.device):
@@ -505,6 +518,9 @@ class Bench:
             elif impl == "eager":
                 fn = lambda: reference.compress_reference(x, cfg)  # noqa: E731
                 measure("compress", impl, moved, fn, fn, None)
+            elif impl == "bare":
+                fn = lambda: bare_pipeline(x, cfg)  # noqa: E731
+                measure("compress", impl, moved, fn, fn, None)
             elif impl == "compile":
                 cfn = self.compiled_fn("compress", cfg)
                 call = lambda f: f(x, cfg)  # noqa: E731
@@ -579,8 +595,9 @@ def add_ratios(rows: list[dict]) -> list[dict]:
     for r in rows:
         r["pct_of_copy"] = 100.0 * r["logical_gbps"] / copy_gbps if copy_gbps == copy_gbps else float("nan")
         if r["kernel"] == "copy":
-            r["speedup_vs_eager"] = r["speedup_vs_compile"] = float("nan")
+            r["speedup_vs_eager"] = r["speedup_vs_compile"] = r["speedup_vs_bare"] = float("nan")
             continue
+        r["speedup_vs_bare"] = med("compress", "bare") / r["median_ms"]
         r["speedup_vs_eager"] = med(r["kernel"], "eager") / r["median_ms"]
         r["speedup_vs_compile"] = med(r["kernel"], "compile") / r["median_ms"]
     return rows
@@ -590,12 +607,13 @@ def add_ratios(rows: list[dict]) -> list[dict]:
 def print_table(df) -> None:
     show = df.assign(size=[fmt_size(int(b)) for b in df["input_bytes"]])
     cols = ["config", "size", "kernel", "impl", "median_ms", "p20_ms", "p80_ms", "logical_gbps",
-            "pct_of_copy", "model_pct_bound", "speedup_vs_eager", "speedup_vs_compile", "valid"]
+            "pct_of_copy", "model_pct_bound", "speedup_vs_eager", "speedup_vs_compile", "speedup_vs_bare", "valid"]
     cols = [c for c in cols if c in df and (c != "model_pct_bound" or df[c].notna().any())]
     fmt = {
         "median_ms": "{:.4g}".format, "p20_ms": "{:.4g}".format, "p80_ms": "{:.4g}".format,
         "logical_gbps": "{:.4g}".format, "pct_of_copy": "{:.1f}".format, "model_pct_bound": "{:.1f}".format,
         "speedup_vs_eager": "{:.2f}x".format, "speedup_vs_compile": "{:.2f}x".format,
+        "speedup_vs_bare": "{:.2f}x".format,
     }
     with __import__("pandas").option_context("display.width", 250, "display.max_colwidth", 70,
                                              "display.max_rows", 10000):

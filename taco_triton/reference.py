@@ -16,9 +16,9 @@ Each stage is a function of its own, in pipeline order:
                      against torch's cast.
 5. `compress_reference` / `decompress_reference` / `reduce_reference`: the whole pipeline on the
                      wire layout. They are the CPU backend, so they take faster routes than the
-                     stages (fewer passes, in-place steps, table look-ups instead of bit
-                     arithmetic, the 1/(2G) folded into H for 16-bit inputs); the tests check that
-                     they give bit for bit what the stages give.
+                     stages (fewer passes, in-place steps, look-up tables to decode, the 1/(2G)
+                     folded into H for 16-bit inputs); the tests check that they give bit for bit
+                     what the stages give.
 
 The Hadamard matmul runs as one fixed-shape product per super-block (`_times_h`): how a BLAS
 sums a row can depend on how many rows it is given (MKL changes its kernel for row blocks under
@@ -381,7 +381,7 @@ def compress_reference(x: torch.Tensor, config: CompressionConfig) -> torch.Tens
     if config.scales == "taco_fp32x2":
         rows = _superblock_rows(x, layout)
         finite = torch.isfinite(_row_amax(rows))
-        pre = taco_prescale((rows * rows).sum(dim=1) / g, finite, spec)  # mean_square of finite rows
+        pre = taco_prescale(mean_square(rows), finite, spec)
         rows.mul_(pre[:, None]).mul_(h_scale)
         h_scale = 1.0
     elif x.dtype == torch.float32:
@@ -485,7 +485,7 @@ def reduce_reference(
         return saturate_cast(y.reshape(-1)[:numel], dense_dtype, inf_above)
     pre = None
     if config.scales == "taco_fp32x2":  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
-        ms = (a * a).sum(dim=1) / g * (4.0 * g if config.hadamard else 1.0)  # mean_square where finite
+        ms = mean_square(a) * (4.0 * g if config.hadamard else 1.0)
         pre = taco_prescale(ms, finite, CODEC_SPECS[config.codec])
         a.mul_(pre[:, None])
         amax = _row_amax(a)
