@@ -394,9 +394,11 @@ def evaluate(v: Variant, target: str) -> dict:
     try:
         k = compile_launch(build_launch(v, gpu), gpu)
         a = analyze_cuda(k, gpu) if gpu.backend == "cuda" else analyze_hip(k, gpu)
-    except Exception as e:  # the exact error is the result
-        msg = str(e).strip().splitlines()
-        row["error"] = (msg[-1] if msg else type(e).__name__)[:400]
+    except Exception as e:  # the exact error is the result: the innermost cause says what failed
+        while e.__cause__ is not None or e.__context__ is not None:
+            e = e.__cause__ or e.__context__
+        msg = [m for m in str(e).strip().splitlines() if m.strip()]
+        row["error"] = f"{type(e).__name__}: {msg[-1] if msg else ''}"[:400]
         return row
     row.update(ok=True, regs=a["regs"], spill_bytes=a["spill_bytes"], smem_bytes=a["smem_bytes"] + a["smem_dynamic"],
                static_instr=a["static_instr"], **model(v, gpu, a))

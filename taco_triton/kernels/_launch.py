@@ -81,20 +81,23 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
     HW: compiled for a GPU (hardware INT8 rounding and bf16 casts; the interpreter's are not
     round-to-nearest-even). FP8_HW: hardware FP8 conversions. OP16: the transform's operands stay
     in the input's 16-bit dtype (exact on tensor cores; the interpreter's bf16 dot is not, so it
-    computes in FP32 there). DOT_PREC: FP32 operands on GPUs use three TF32 passes.
+    computes in FP32 there). DOT_PREC: FP32 operands on NVIDIA GPUs use three TF32 passes; AMD's
+    matrix cores have FP32 instructions ("ieee"), as has the interpreter.
     """
     return {
         "HW": target.compiled,
         "FP8_HW": target.fp8_hw,
         "OP16": target.compiled and dtype in (torch.bfloat16, torch.float16),
-        "DOT_PREC": "tf32x3" if target.compiled else "ieee",
+        "DOT_PREC": "tf32x3" if target.backend == "cuda" else "ieee",
     }
 
 
 def heuristic(kernel: str, config: CompressionConfig) -> dict:
     """A safe default: 4 warps (a 64-row tile is one warpgroup on Hopper), 2 stages (the loads of
-    the next tile overlap the current one in the persistent loop)."""
-    return {"num_warps": 4, "num_stages": 2}
+    the next tile overlap the current one in the persistent loop). Stochastic rounding carries a
+    32-bit random stream and the integer encoder per element: 8 warps halve the registers per
+    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py)."""
+    return {"num_warps": 8 if config.stochastic else 4, "num_stages": 2}
 
 
 # A context variable, not a module global: a forced block in one thread (the tuner timing a

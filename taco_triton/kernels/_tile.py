@@ -119,11 +119,13 @@ def load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL: tl.constexpr, SBT:
 
 
 @triton.jit
-def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr):
+def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr, OVERFLOW: tl.constexpr):
     """Clamp y to the output dtype's finite range (NaN stays NaN), cast, store the valid part.
 
-    Magnitudes above `inf_above` (inf: never) become +-inf: an overflowed reduced sum stays visible
-    (reference.saturate_cast)."""
+    OVERFLOW: magnitudes above `inf_above` become +-inf, so an overflowed reduced sum stays visible
+    (reference.saturate_cast); a constexpr, so plain decompression does not pay for the test."""
     c = tl.clamp(y, -out_max, out_max, propagate_nan=tl.PropagateNan.ALL)
-    y = tl.where(y > inf_above, float("inf"), tl.where(y < -inf_above, float("-inf"), c))
+    if OVERFLOW:
+        c = tl.where(y > inf_above, float("inf"), tl.where(y < -inf_above, float("-inf"), c))
+    y = c
     tl.store(out_ptr + offs, to_out_dtype(y, out_ptr, HW), mask=offs < numel)

@@ -27,7 +27,7 @@ def _decompress_kernel(
     codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, out_max, inf_above,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr,
+    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
 ):
     ROWS: tl.constexpr = SBT * GPS
     if HADAMARD:
@@ -43,7 +43,7 @@ def _decompress_kernel(
             y = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
         if not DUAL:
             y = tl.div_rn(y, pre[:, None])
-        store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW)
+        store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
 
 
 def decompress_launch(codes, a, b, out, numel: int, config: CompressionConfig, target: Target, params: dict,
@@ -57,6 +57,7 @@ def decompress_launch(codes, a, b, out, numel: int, config: CompressionConfig, t
     meta = launch_meta(
         target, out.dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
         **codec_constexprs(config.spec), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+        OVERFLOW=inf_above != math.inf,
     )
     meta["OP16"] = op16
     return Launch(_decompress_kernel, n_tiles,

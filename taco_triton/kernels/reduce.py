@@ -32,7 +32,7 @@ def _reduce_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
 ):
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
@@ -55,7 +55,7 @@ def _reduce_kernel(
         if DENSE:
             if HADAMARD:
                 acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC) * 2.0
-            store_dense(acc, out_ptr, offs, numel, out_max, inf_above, HW)
+            store_dense(acc, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
         else:
             if DUAL:
                 pre_out = 1.0
@@ -91,7 +91,7 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     meta = launch_meta(
         target, torch.float32, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size,
         SBT=SB_PER_TILE, **codec_constexprs(config.spec), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
-        ROUND=int(STOCHASTIC) if config.stochastic else 0, DENSE=dense,
+        ROUND=int(STOCHASTIC) if config.stochastic else 0, DENSE=dense, OVERFLOW=inf_above != math.inf,
     )
     out_max = torch.finfo(target_out.dtype).max if dense else 0.0
     return Launch(_reduce_kernel, n_tiles,
