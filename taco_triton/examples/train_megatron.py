@@ -143,6 +143,18 @@ class Stage:
         return loss
 
 
+def enable_axes(policy, gpt, axes, error_feedback: bool):
+    """`integrations.megatron.enable` with `policy` on the `axes` named (TP, PP: the policy; DP:
+    `gradient_policy(policy)`) and every other axis routed natively (counted, not compressed)."""
+    from taco_triton.integrations import megatron as tm
+    from taco_triton.parallel import CompressionPolicy
+
+    native = CompressionPolicy(default=None)
+    per_axis = {"tp": policy, "pp": policy, "dp": tm.gradient_policy(policy, error_feedback=error_feedback)}
+    return tm.enable(model=gpt, error_feedback=error_feedback,
+                     **{a: per_axis[a] if a in axes else native for a in tm.AXES})
+
+
 def _dp_slice(t: torch.Tensor, dp_rank: int, dp: int) -> torch.Tensor:
     return t.chunk(dp)[dp_rank]
 
@@ -186,7 +198,7 @@ def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.de
             stage = Stage(args, tp, pp, device)
             dp_rank = ps.get_data_parallel_rank()
             policy = make_policy(mode, args)
-            handle = tm.enable(policy, model=stage.gpt, error_feedback=getattr(args, "error_feedback", False))
+            handle = enable_axes(policy, stage.gpt, getattr(args, "axes", tm.AXES), getattr(args, "error_feedback", False))
 
             data = TextBatches(stdlib_bytes(args.data_bytes), args.seq)
             gen = torch.Generator().manual_seed(args.seed + 1)  # the same global batches on every rank
@@ -212,7 +224,7 @@ def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.de
                 axes = handle.by_axis()
                 wire = _summed([axes[a].wire_bytes for a in tm.AXES] + [sum(axes[a].compressed for a in tm.AXES)])
                 loss = _from_last_stage(loss)
-                row = {"mode": mode, "step": step, "train_loss": loss,
+                row = {"mode": getattr(args, "label", mode), "seed": args.seed, "step": step, "train_loss": loss,
                        **{f"wire_{a}": w for a, w in zip(tm.AXES, wire)}, "wire_bytes": sum(wire[:3]),
                        "compressed_calls": int(wire[3]), "step_ms": 1e3 * dt, "val_loss": float("nan")}
                 if step % args.eval_every == 0 or step == args.steps:
