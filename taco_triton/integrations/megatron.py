@@ -95,7 +95,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -233,14 +233,6 @@ class _TorchShim:
         return getattr(torch, name)
 
 
-@dataclass(eq=False)
-class _Meter(WireStats):
-    """A `WireStats` compared by identity: dataclass equality would let an empty meter that exits
-    first remove an equal (empty) outer `WireStats` from the recording stack."""
-
-    calls: list = field(default_factory=list)
-
-
 class _CountedWork:
     """A routed async collective's Work: `wait()` also counts the bytes sent while finishing it."""
 
@@ -248,7 +240,7 @@ class _CountedWork:
         self._work, self._st = work, st
 
     def wait(self, timeout=None):
-        with _Meter() as ws:
+        with WireStats() as ws:
             out = self._work.wait()
         self._st.wire_bytes += ws.wire_bytes
         return out
@@ -422,7 +414,7 @@ class MegatronHandle:
     def _route(self, axis, site, direction, kind, tensor, group, issue, native=False):
         """Decide, then `issue(config, min_bytes)` one collective, counting the bytes it sends."""
         cfg, st = self._decide(axis, site, direction, kind, tensor, dist.get_world_size(group), native)
-        with _Meter() as ws:
+        with WireStats() as ws:
             work = issue(cfg if cfg is not None else _NATIVE, self.policies[axis].min_bytes)
         st.wire_bytes += ws.wire_bytes
         return None if work is None else _CountedWork(work, st)
@@ -466,7 +458,7 @@ class MegatronHandle:
                 return None
             cfg, st = self._decide("pp", f"megatron.pp.{direction}.stage{me}_to_stage{dst}", direction, "send", t, n)
             wire = p2p.encode(t, cfg) if cfg is not None else t
-            with _Meter() as ws:
+            with WireStats() as ws:
                 p2p.record_send(wire, cfg is not None)
             st.wire_bytes += ws.wire_bytes
             return wire
