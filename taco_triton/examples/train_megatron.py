@@ -71,9 +71,13 @@ def check_layout(args, world: int) -> tuple[int, int, int]:
 
 class Stage:
     """This rank's pipeline stage of the GPT, wrapped in megatron's DDP, with FP32 master weights,
-    and one training / evaluation step through megatron's pipeline schedule."""
+    and one training / evaluation step through megatron's pipeline schedule.
 
-    def __init__(self, args, tp: int, pp: int, device: torch.device):
+    `use_distributed_optimizer`: DDP reduce-scatters each gradient bucket (each DP rank gets its
+    shard, as megatron's distributed optimizer expects) and can all-gather parameters
+    (`model.start_param_sync`); `train_step` needs the default (every gradient all-reduced)."""
+
+    def __init__(self, args, tp: int, pp: int, device: torch.device, use_distributed_optimizer: bool = False):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -93,7 +97,8 @@ class Stage:
         gpt.to(device=device, dtype=torch.bfloat16)  # bf16 compute and communication on FP32 master weights
         self.gpt = gpt
         self.model = DistributedDataParallel(
-            self.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False), gpt)
+            self.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                       use_distributed_optimizer=use_distributed_optimizer), gpt)
         self.opt = torch.optim.AdamW(self.master, lr=args.lr, weight_decay=0.01)
         self.forward_backward = get_forward_backward_func()
         self.last_stage = ps.is_pipeline_last_stage()
