@@ -56,14 +56,23 @@ def three_d(rank, world, tp, pp) -> dict:
             ref = _step(stage, batch)  # unpatched megatron-core
             off = _step(stage, batch, CompressionPolicy(default=None))
             restored = all(_originals()[k] is v for k, v in before.items())
-            on = _step(stage, batch, CompressionPolicy(default=taco.CompressionConfig(codec="int8"), min_bytes=0))
+            int8 = CompressionPolicy(default=taco.CompressionConfig(codec="int8"), min_bytes=0)
+            on = _step(stage, batch, int8)  # megatron's default batched p2p (batch_isend_irecv)
+            unbatched = on
+            if pp > 1:
+                stage.config.batch_p2p_comm = False  # megatron's individual isend/irecv instead
+                try:
+                    unbatched = _step(stage, batch, int8)
+                finally:
+                    stage.config.batch_p2p_comm = True
             flat_ref = torch.cat([g.double().view(-1) for g in ref["grads"].values()])
             flat_on = torch.cat([on["grads"][i].double().view(-1) for i in ref["grads"]])
             rel = float((flat_on - flat_ref).norm() / flat_ref.norm())
             return {"ref_loss": ref["loss"], "off_loss": off["loss"], "on_loss": on["loss"],
                     "off_grads_equal": all(torch.equal(off["grads"][i], ref["grads"][i]) for i in ref["grads"]),
                     "off_axes": off["axes"], "on_axes": on["axes"], "off_wire": off["wire"], "on_wire": on["wire"],
-                    "rel_grad_change": rel, "restored": restored, "last_stage": ps.is_pipeline_last_stage(),
+                    "rel_grad_change": rel, "unbatched_same": unbatched["loss"] == on["loss"] or on["loss"] != on["loss"],
+                    "unbatched_grads_same": all(torch.equal(unbatched["grads"][i], on["grads"][i]) for i in on["grads"]), "restored": restored, "last_stage": ps.is_pipeline_last_stage(),
                     "dp": ps.get_data_parallel_world_size(), "rank": dist.get_rank()}
         finally:
             ps.destroy_model_parallel()

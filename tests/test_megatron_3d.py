@@ -54,6 +54,13 @@ def test_every_axis_counted_and_compressed(layout):
 
 
 @needs_megatron
+def test_batched_and_individual_p2p_deliver_the_same_bits(layout):
+    """megatron's batch_isend_irecv and its individual isend/irecv carry the same compressed messages."""
+    for r in layout[1]:
+        assert r["unbatched_same"] and r["unbatched_grads_same"], r["rank"]
+
+
+@needs_megatron
 def test_compressed_step_stays_close(layout):
     _, ranks = layout
     for r in ranks:

@@ -16,6 +16,9 @@ through taco_triton by `integrations.megatron.enable`; see train_megatron.py); o
 --pp (pipeline stages) and --dp (data-parallel replicas) may exceed 1, on tp * pp * dp ranks:
 
     python -m taco_triton.examples.train_gpt --megatron --tp 2 --pp 2 --dp 2 --compress none,int8 --steps 3
+
+and --compress-axes chooses which of them a mode compresses (`tp,pp,tp+pp` runs TP alone, PP
+alone, then both; the other axes stay native).
 """
 from __future__ import annotations
 

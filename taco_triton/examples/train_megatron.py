@@ -18,7 +18,8 @@ the DDP gradient reduction through taco_triton in every mode: mode "none" is ena
 ``CompressionPolicy(default=None)``, so every routed call is native (megatron's own numerics)
 and still counted. In the other modes TP and PP use the mode's policy (`make_policy`) and DP
 gradients `integrations.megatron.gradient_policy` (INT8, Hadamard, stochastic rounding;
---error-feedback: nearest rounding with a per-bucket residual). Each logged row has the loss and
+--error-feedback: nearest rounding with a per-bucket residual), on the axes --compress-axes
+names (one run per group, e.g. ``--compress-axes tp,pp,tp+pp+dp``; the others stay native). Each logged row has the loss and
 the bytes all ranks together sent per axis that step (wire_tp, wire_pp, wire_dp).
 
 Precision: megatron's collectives communicate the activations' dtype (the integration does not
