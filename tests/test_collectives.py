@@ -67,3 +67,17 @@ def test_soak_random_collectives_match_native_in_any_wait_order():
     seed = int(os.environ.get("SOAK_SEED", "1"))
     reports = run_ranks(cases.soak, 3, n_ops, seed, pg_timeout_s=20, timeout_s=max(300, 3 * n_ops))
     assert all(r["ops"] >= n_ops for r in reports) and reports[0]["compressed_within_bound"] > 0
+
+
+def test_wire_stats_nested_equal_ones_each_leave_only_themselves():
+    """An empty inner WireStats equal in value to the outer one: leaving it keeps the outer recording."""
+    import taco_triton as taco
+    from taco_triton.collectives import _pg
+
+    with taco.WireStats() as outer:
+        with taco.WireStats() as inner:
+            pass
+        _pg._record("all_reduce", 8, 4.0, False)
+    assert inner.wire_bytes == 0.0
+    assert outer.wire_bytes == 4.0
+    assert not getattr(_pg._stats, "stack", [])

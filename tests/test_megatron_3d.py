@@ -54,6 +54,13 @@ def test_every_axis_counted_and_compressed(layout):
 
 
 @needs_megatron
+def test_batched_and_individual_p2p_deliver_the_same_bits(layout):
+    """megatron's batch_isend_irecv and its individual isend/irecv carry the same compressed messages."""
+    for r in layout[1]:
+        assert r["unbatched_same"] and r["unbatched_grads_same"], r["rank"]
+
+
+@needs_megatron
 def test_compressed_step_stays_close(layout):
     _, ranks = layout
     for r in ranks:
@@ -66,6 +73,47 @@ def test_compressed_step_stays_close(layout):
         # INT8 is 2^-7 of a group's range per quantization, and the activation errors of TP and PP
         # compression propagate through the backward pass.
         assert 0 < r["rel_grad_change"] < 2.0**-3, r["rel_grad_change"]
+
+
+# ---------------------------------------------------------------------- distributed optimizer (TP2 x DP2)
+@pytest.fixture(scope="module")
+def dist_opt():
+    from . import megatron_3d_cases as mc
+
+    return run_ranks(mc.distributed_optimizer, 4, 3, timeout_s=400, pg_timeout_s=200)
+
+
+@needs_megatron
+def test_distributed_optimizer_reduce_scatter_native_exact_compressed_counted(dist_opt):
+    for r in dist_opt:
+        assert r["off_equal"]  # routed natively: the reduced shards are megatron's bits
+        assert r["off_axes"]["dp"][:2] == (1, 0) and r["on_axes"]["dp"][:2] == (1, 1)  # one bucket
+        # INT8 with dual scales: 1 + 1/128 + 4/4096 bytes per FP32 gradient element (4 bytes)
+        assert r["on_axes"]["dp"][2] <= 0.26 * r["off_axes"]["dp"][2]
+        # sanity bound as in test_compressed_step_stays_close (TP activations are compressed too)
+        assert 0 < r["on_rel"] < 2.0**-3
+
+
+@needs_megatron
+def test_error_feedback_sends_exactly_what_the_residual_leaves_out(dist_opt):
+    """Error feedback over 3 reductions of one batch: rank j sends g_j + r_j(t-1) - r_j(t), so the
+    reduced shards sum to 3 * exact - sum_j r_j(3), up to FP32 rounding (2^-24 per value, a few
+    additions per step: 2^-18 of the norm); the residual itself is ~2^-7 of it, so a residual
+    that is not carried over or not subtracted fails by far."""
+    for r in dist_opt:
+        assert r["ef_buckets"] == 1 and r["ef_compressed"] == 3
+        assert r["ef_residual_share"] > 2.0**-10
+        assert r["ef_identity_rel"] <= 2.0**-18, r["ef_identity_rel"]
+
+
+@needs_megatron
+def test_param_all_gather_exact_unless_opted_in(dist_opt):
+    for r in dist_opt:
+        assert r["gather_native_equal"] and r["gather_native_axes"] == (1, 0)
+        assert r["gather_on_axes"] == (1, 1)
+        # INT8 after the orthonormal Hadamard: per group of G=128 the L2 error is at most
+        # sqrt(G) * half a step (amax / 254, amax <= the group's L2 norm), then bf16 rounding (2^-9)
+        assert 0 < r["gather_on_rel"] <= 128**0.5 / 254 + 2.0**-8, r["gather_on_rel"]
 
 
 # ---------------------------------------------------------------------- compressed point-to-point

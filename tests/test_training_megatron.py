@@ -56,3 +56,34 @@ def test_loss_fell(runs, mode):
 def test_fp8_validation_loss_parity(runs):
     _, s = runs
     assert s.loc["fp8", "val_loss_vs_none_%"] <= 0.25, s
+
+
+# ---------------------------------------------------------------------- --compress-axes
+def test_compress_axes_groups_and_labels():
+    assert train_gpt.parse_axis_groups("dp+tp, pp ,tp+pp+dp") == [("tp", "dp"), ("pp",), ("tp", "pp", "dp")]
+    assert train_gpt.run_label("int8", ("tp", "pp", "dp"), False) == "int8"
+    assert train_gpt.run_label("fp8", ("pp",), True) == "fp8[pp]"  # no DP compressed: no error feedback
+    assert train_gpt.run_label("fp8", ("tp", "dp"), True) == "fp8[tp+dp]+ef"
+    assert train_gpt.run_label("none", ("pp",), True) == "none"
+    for bad in ("tp,,pp", "tp+ep"):
+        with pytest.raises(SystemExit, match="--compress-axes"):
+            train_gpt.parse_axis_groups(bad)
+    with pytest.raises(SystemExit, match="needs --megatron"):
+        train_gpt.main(["--compress-axes", "pp", "--steps", "1"])
+
+
+def test_enable_axes_compresses_only_the_named_axes():
+    import taco_triton as taco
+    from taco_triton.examples.train_megatron import enable_axes
+    from taco_triton.integrations.megatron import GRADIENT_CONFIG
+    from taco_triton.parallel import CompressionPolicy
+
+    pol = CompressionPolicy(default=taco.CompressionConfig(codec="int8"), min_bytes=0)
+    site = ("megatron.site", "backward")
+    with enable_axes(pol, None, ("pp",), False) as h:
+        assert h.policies["pp"] is pol
+        assert h.policies["tp"].config_for(*site) is None and h.policies["dp"].config_for(*site) is None
+    with enable_axes(pol, None, ("tp", "dp"), True) as h:
+        assert h.policies["tp"] is pol and h.policies["pp"].config_for(*site) is None
+        assert h.policies["dp"].config_for(*site) == GRADIENT_CONFIG.replace(rounding="nearest")
+        assert h.error_feedback

@@ -30,9 +30,10 @@ class WireCall:
     compressed: bool
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: leaving one must never remove an equal (e.g. empty) other
 class WireStats:
-    """Context manager recording what this rank hands to the process group.
+    """Context manager recording what this rank hands to the process group. Nested ones each
+    record every call made while they are open.
 
     `wire_bytes` counts what each rank sends by the collective's standard cost (as nccl-tests
     counts bus bytes): ring all_reduce 2(P-1)/P of the buffer, reduce_scatter and all_to_all

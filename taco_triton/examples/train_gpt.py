@@ -16,6 +16,9 @@ through taco_triton by `integrations.megatron.enable`; see train_megatron.py); o
 --pp (pipeline stages) and --dp (data-parallel replicas) may exceed 1, on tp * pp * dp ranks:
 
     python -m taco_triton.examples.train_gpt --megatron --tp 2 --pp 2 --dp 2 --compress none,int8 --steps 3
+
+and --compress-axes chooses which of them a mode compresses (`tp,pp,tp+pp` runs TP alone, PP
+alone, then both; the other axes stay native).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import torch.distributed as dist
 import taco_triton as taco
 from taco_triton.examples.data import TextBatches, stdlib_bytes
 from taco_triton.examples.gpt import TinyGPT
+from taco_triton.integrations.megatron import AXES  # importing it does not import megatron-core
 from taco_triton.parallel import CompressionPolicy
 
 MODES = ("none", "fp8", "int8", "auto")
@@ -207,6 +211,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--microbatches", type=int, default=2, help="microbatches per step (--megatron only)")
     ap.add_argument("--error-feedback", action="store_true",
                     help="--megatron: DP gradients rounded to nearest with a per-bucket residual carried over")
+    ap.add_argument("--compress-axes", default="tp+pp+dp",
+                    help="--megatron: comma-separated groups of axes ('+'-joined from tp, pp, dp) that a compressing "
+                         "mode compresses, one run per group; the other axes stay native (e.g. tp,pp,dp,tp+pp+dp)")
     ap.add_argument("--compress", default="none,fp8,int8", help=f"comma-separated modes from {MODES}")
     ap.add_argument("--steps", type=int, default=300, help="training steps per mode")
     ap.add_argument("--layers", type=int, default=2, help="transformer layers")
@@ -236,6 +243,28 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse_axis_groups(spec: str) -> list[tuple[str, ...]]:
+    """`--compress-axes` as a list of axis groups: "tp,pp+dp" -> [("tp",), ("pp", "dp")] (each in
+    tp, pp, dp order); SystemExit naming an unknown axis or an empty group."""
+    groups = []
+    for part in spec.split(","):
+        axes = {a.strip() for a in part.split("+") if a.strip()}
+        unknown = sorted(axes - set(AXES))
+        if unknown or not axes:
+            raise SystemExit(f"--compress-axes groups are '+'-joined axes from {AXES}, got {part!r}")
+        groups.append(tuple(a for a in AXES if a in axes))
+    return groups
+
+
+def run_label(mode: str, axes: tuple[str, ...], error_feedback: bool) -> str:
+    """The mode's name in rows and summaries: the mode, then the compressed axes unless all are,
+    then "+ef" with DP error feedback ("int8", "int8[pp]", "int8[dp]+ef")."""
+    if mode == "none":
+        return mode
+    label = mode if axes == AXES else f"{mode}[{'+'.join(axes)}]"
+    return label + ("+ef" if error_feedback and "dp" in axes else "")
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     modes = [m.strip() for m in args.compress.split(",") if m.strip()]
@@ -244,11 +273,17 @@ def main(argv=None):
             raise SystemExit(f"unknown --compress mode {m!r}; choose from {MODES}")
     if not args.megatron and (args.pp, args.dp) != (1, 1):
         raise SystemExit(f"--pp {args.pp} / --dp {args.dp} need --megatron (TinyGPT is TP only)")
+    groups = parse_axis_groups(args.compress_axes)
+    if not args.megatron and groups != [AXES]:
+        raise SystemExit(f"--compress-axes {args.compress_axes} needs --megatron (TinyGPT compresses TP only)")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores
     rows = []
     for m in modes:
-        print(f"training mode={m} tp={args.tp} pp={args.pp} dp={args.dp} steps={args.steps} ...", flush=True)
-        rows += run(m, args)
+        for axes in groups[:1] if m == "none" else groups:  # nothing is compressed in "none": run it once
+            args.axes, args.label = axes, run_label(m, axes, args.error_feedback)
+            print(f"training mode={args.label} tp={args.tp} pp={args.pp} dp={args.dp} steps={args.steps} ...",
+                  flush=True)
+            rows += run(m, args)
     df, summary = summarize(rows)
     print(summary.round(4).to_string())
     if args.csv:

@@ -18,7 +18,8 @@ the DDP gradient reduction through taco_triton in every mode: mode "none" is ena
 ``CompressionPolicy(default=None)``, so every routed call is native (megatron's own numerics)
 and still counted. In the other modes TP and PP use the mode's policy (`make_policy`) and DP
 gradients `integrations.megatron.gradient_policy` (INT8, Hadamard, stochastic rounding;
---error-feedback: nearest rounding with a per-bucket residual). Each logged row has the loss and
+--error-feedback: nearest rounding with a per-bucket residual), on the axes --compress-axes
+names (one run per group, e.g. ``--compress-axes tp,pp,tp+pp+dp``; the others stay native). Each logged row has the loss and
 the bytes all ranks together sent per axis that step (wire_tp, wire_pp, wire_dp).
 
 Precision: megatron's collectives communicate the activations' dtype (the integration does not
@@ -71,9 +72,13 @@ def check_layout(args, world: int) -> tuple[int, int, int]:
 
 class Stage:
     """This rank's pipeline stage of the GPT, wrapped in megatron's DDP, with FP32 master weights,
-    and one training / evaluation step through megatron's pipeline schedule."""
+    and one training / evaluation step through megatron's pipeline schedule.
 
-    def __init__(self, args, tp: int, pp: int, device: torch.device):
+    `use_distributed_optimizer`: DDP reduce-scatters each gradient bucket (each DP rank gets its
+    shard, as megatron's distributed optimizer expects) and can all-gather parameters
+    (`model.start_param_sync`); `train_step` needs the default (every gradient all-reduced)."""
+
+    def __init__(self, args, tp: int, pp: int, device: torch.device, use_distributed_optimizer: bool = False):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -93,7 +98,8 @@ class Stage:
         gpt.to(device=device, dtype=torch.bfloat16)  # bf16 compute and communication on FP32 master weights
         self.gpt = gpt
         self.model = DistributedDataParallel(
-            self.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False), gpt)
+            self.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                       use_distributed_optimizer=use_distributed_optimizer), gpt)
         self.opt = torch.optim.AdamW(self.master, lr=args.lr, weight_decay=0.01)
         self.forward_backward = get_forward_backward_func()
         self.last_stage = ps.is_pipeline_last_stage()
@@ -143,6 +149,18 @@ class Stage:
         return loss
 
 
+def enable_axes(policy, gpt, axes, error_feedback: bool):
+    """`integrations.megatron.enable` with `policy` on the `axes` named (TP, PP: the policy; DP:
+    `gradient_policy(policy)`) and every other axis routed natively (counted, not compressed)."""
+    from taco_triton.integrations import megatron as tm
+    from taco_triton.parallel import CompressionPolicy
+
+    native = CompressionPolicy(default=None)
+    per_axis = {"tp": policy, "pp": policy, "dp": tm.gradient_policy(policy, error_feedback=error_feedback)}
+    return tm.enable(model=gpt, error_feedback=error_feedback,
+                     **{a: per_axis[a] if a in axes else native for a in tm.AXES})
+
+
 def _dp_slice(t: torch.Tensor, dp_rank: int, dp: int) -> torch.Tensor:
     return t.chunk(dp)[dp_rank]
 
@@ -186,7 +204,7 @@ def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.de
             stage = Stage(args, tp, pp, device)
             dp_rank = ps.get_data_parallel_rank()
             policy = make_policy(mode, args)
-            handle = tm.enable(policy, model=stage.gpt, error_feedback=getattr(args, "error_feedback", False))
+            handle = enable_axes(policy, stage.gpt, getattr(args, "axes", tm.AXES), getattr(args, "error_feedback", False))
 
             data = TextBatches(stdlib_bytes(args.data_bytes), args.seq)
             gen = torch.Generator().manual_seed(args.seed + 1)  # the same global batches on every rank
@@ -212,7 +230,7 @@ def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.de
                 axes = handle.by_axis()
                 wire = _summed([axes[a].wire_bytes for a in tm.AXES] + [sum(axes[a].compressed for a in tm.AXES)])
                 loss = _from_last_stage(loss)
-                row = {"mode": mode, "step": step, "train_loss": loss,
+                row = {"mode": getattr(args, "label", mode), "seed": args.seed, "step": step, "train_loss": loss,
                        **{f"wire_{a}": w for a, w in zip(tm.AXES, wire)}, "wire_bytes": sum(wire[:3]),
                        "compressed_calls": int(wire[3]), "step_ms": 1e3 * dt, "val_loss": float("nan")}
                 if step % args.eval_every == 0 or step == args.steps:

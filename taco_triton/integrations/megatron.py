@@ -5,8 +5,8 @@ PP: ``p2p_communication._p2p_ops`` / ``_batched_p2p_ops`` are replaced; each mes
 by the PP policy at site ``megatron.pp.<direction>.stage<i>_to_stage<j>`` (direction "forward"
 for activations, "backward" for activation gradients; i, j pipeline ranks), the sender
 compresses it once (`collectives.p2p.encode`), the receiver gets the wire buffer and decodes it
-into megatron's tensor when megatron waits on the request. Batched requests are issued as
-``_p2p_ops``' individual isend/irecv. DP: in ``distributed.param_and_grad_buffer`` the module
+into megatron's tensor when megatron waits on the request (batched: after all of the batch's
+requests). DP: in ``distributed.param_and_grad_buffer`` the module
 globals ``torch`` (its ``distributed.all_reduce``), ``dist_reduce_scatter_func``,
 ``dist_all_gather_func`` and ``_coalescing_manager`` are replaced; gradient reductions use the DP
 policy at ``megatron.dp.bucket<k>.<collective>`` ("backward"), the parameter all-gather stays
@@ -95,7 +95,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -233,14 +233,6 @@ class _TorchShim:
         return getattr(torch, name)
 
 
-@dataclass(eq=False)
-class _Meter(WireStats):
-    """A `WireStats` compared by identity: dataclass equality would let an empty meter that exits
-    first remove an equal (empty) outer `WireStats` from the recording stack."""
-
-    calls: list = field(default_factory=list)
-
-
 class _CountedWork:
     """A routed async collective's Work: `wait()` also counts the bytes sent while finishing it."""
 
@@ -248,7 +240,7 @@ class _CountedWork:
         self._work, self._st = work, st
 
     def wait(self, timeout=None):
-        with _Meter() as ws:
+        with WireStats() as ws:
             out = self._work.wait()
         self._st.wire_bytes += ws.wire_bytes
         return out
@@ -269,8 +261,8 @@ class _WorkList:
 
 
 class _DecodeAfterAll:
-    """A pipeline receive's request: waits for the wire buffer, then decompresses it into the
-    tensor megatron allocated (once)."""
+    """A pipeline receive's request: waits for the wire buffers' requests, then decompresses each
+    buffer into the tensor megatron allocated (once)."""
 
     def __init__(self, reqs: list, decodes: list):
         self._reqs, self._decodes = reqs, decodes
@@ -280,7 +272,7 @@ class _DecodeAfterAll:
             r.wait()
         for wire, tensor, cfg in self._decodes:
             p2p.decode_into(wire, tensor, cfg)
-        self._decodes = []
+        self._reqs, self._decodes = [], []  # once: a gloo p2p Work waited twice blocks until the timeout
         return True
 
 
@@ -422,7 +414,7 @@ class MegatronHandle:
     def _route(self, axis, site, direction, kind, tensor, group, issue, native=False):
         """Decide, then `issue(config, min_bytes)` one collective, counting the bytes it sends."""
         cfg, st = self._decide(axis, site, direction, kind, tensor, dist.get_world_size(group), native)
-        with _Meter() as ws:
+        with WireStats() as ws:
             work = issue(cfg if cfg is not None else _NATIVE, self.policies[axis].min_bytes)
         st.wire_bytes += ws.wire_bytes
         return None if work is None else _CountedWork(work, st)
@@ -466,7 +458,7 @@ class MegatronHandle:
                 return None
             cfg, st = self._decide("pp", f"megatron.pp.{direction}.stage{me}_to_stage{dst}", direction, "send", t, n)
             wire = p2p.encode(t, cfg) if cfg is not None else t
-            with _Meter() as ws:
+            with WireStats() as ws:
                 p2p.record_send(wire, cfg is not None)
             st.wire_bytes += ws.wire_bytes
             return wire
@@ -488,8 +480,13 @@ class MegatronHandle:
                     tensor_send_next=send(tensor_send_next, "forward", nxt),
                     tensor_recv_next=recv(tensor_recv_next, "backward", nxt, "recv_next"),
                     group=group, prev_pipeline_rank=prev_pipeline_rank, next_pipeline_rank=next_pipeline_rank)
-        # one request per message, maybe waited later (overlapped p2p): a receive decodes on wait
-        return {k: _DecodeAfterAll([r], [decodes[k]]) if k in decodes else r for k, r in reqs.items()}
+        if isinstance(reqs, dict):  # _p2p_ops: one request per message, maybe waited later (overlapped p2p)
+            return {k: _DecodeAfterAll([r], [decodes[k]]) if k in decodes else r for k, r in reqs.items()}
+        # _batched_p2p_ops: megatron waits every request of the list, so ours is one request that
+        # waits the batch's (one per message on gloo, maybe one in all on NCCL) and then decodes.
+        # Never hand megatron a request it would wait twice: a second wait of a gloo p2p Work
+        # blocks until the process-group timeout.
+        return [_DecodeAfterAll(list(reqs), list(decodes.values()))] if decodes else reqs
 
     # ------------------------------------------------------------------ data parallel
     def _dp(self, kind, tensor, output, op, group, async_op, frame):
@@ -637,7 +634,7 @@ class MegatronHandle:
 
     def _pp_dp_replacements(self, p2pc, pgb) -> list[tuple[Any, str, Any]]:
         h = self
-        orig_p2p = p2pc._p2p_ops
+        orig_p2p, orig_batched = p2pc._p2p_ops, p2pc._batched_p2p_ops
         orig_rs = pgb.dist_reduce_scatter_func
 
         def _p2p_ops(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
@@ -648,12 +645,10 @@ class MegatronHandle:
 
         def _batched_p2p_ops(*, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
                              prev_pipeline_rank, next_pipeline_rank):
-            """taco_triton replacement of megatron's p2p_communication._batched_p2p_ops: the same
-            messages, issued in `_p2p_ops`' order of individual isend/irecv (batch_isend_irecv of
-            compressed wire buffers stalled on gloo in our runs); returns the requests as a list."""
-            reqs = h._p2p(orig_p2p, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next,
+            """taco_triton replacement of megatron's p2p_communication._batched_p2p_ops (megatron's
+            own batch_isend_irecv, on the wire buffers)."""
+            return h._p2p(orig_batched, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next,
                           group, prev_pipeline_rank, next_pipeline_rank)
-            return list(reqs.values())
 
         def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
             """taco_triton replacement of torch.distributed.all_reduce inside param_and_grad_buffer.py."""
