@@ -295,11 +295,11 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 8:
         return codes
     k, w = packing(bits)
-    n = codes.shape[0]
-    c = (codes.to(torch.int64) & ((1 << bits) - 1)).view(n, -1, k)
+    n, g = codes.shape
+    c = (codes.to(torch.int64) & ((1 << bits) - 1)).view(n, g // k, k)
     word = (c << (torch.arange(k, device=codes.device) * bits)).sum(dim=2)  # disjoint bit fields
     shifts = torch.arange(w, device=codes.device) * 8
-    return ((word[:, :, None] >> shifts) & 0xFF).to(torch.uint8).view(n, -1)
+    return ((word[:, :, None] >> shifts) & 0xFF).to(torch.uint8).view(n, g * bits // 8)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -307,12 +307,12 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 8:
         return packed
     k, w = packing(bits)
-    n = packed.shape[0]
-    b = packed.to(torch.int64).view(n, -1, w)
+    n, nbytes = packed.shape
+    b = packed.to(torch.int64).view(n, nbytes // w, w)
     word = (b << (torch.arange(w, device=packed.device) * 8)).sum(dim=2)
     c = (word[:, :, None] >> (torch.arange(k, device=packed.device) * bits)) & ((1 << bits) - 1)
     c = c - ((c >> (bits - 1)) << bits)  # sign-extend
-    return c.to(torch.int8).view(torch.uint8).view(n, -1)
+    return c.to(torch.int8).view(torch.uint8).view(n, nbytes * 8 // bits)
 
 
 # --------------------------------------------------------------------------- 5. pipeline

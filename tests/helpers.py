@@ -13,7 +13,7 @@ DEVICE = os.environ.get("TACO_TEST_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"
 U_DOT_HERE = U_DOT["gpu"] if ON_GPU else U_DOT["interpreter"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-CODEC_SHORT = {"fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "int8": "int8"}
+CODEC_SHORT = {"fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "int8": "int8", "int6": "int6", "int4": "int4"}
 
 
 def cfg_id(cfg: taco.CompressionConfig) -> str:

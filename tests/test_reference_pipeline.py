@@ -42,7 +42,7 @@ def _staged_quantize(y, finite, pre, cfg, numel):
         codes = ref.encode_codes(v, spec)
     data = torch.zeros(layout.nbytes, dtype=torch.uint8)
     c, a, b = layout.split(data)
-    c.copy_(codes)
+    c.copy_(ref.pack_codes(codes, spec.bits))
     a.copy_(scale_a)
     b.copy_(scale_b)
     return data
@@ -63,7 +63,7 @@ def _staged_values(data, numel, cfg):
     """Each group's dequantized values in the transformed domain."""
     layout = WireLayout.of(numel, cfg)
     codes, a, b = layout.split(data)
-    vals = ref.decode_codes(codes, cfg.spec)
+    vals = ref.decode_codes(ref.unpack_codes(codes, cfg.spec.bits), cfg.spec)
     if cfg.scales == "dual":
         sigma = a.repeat_interleave(layout.groups_per_superblock)[: layout.n_groups] * ref.decode_ue4m4(b)
         return vals, sigma, None
