@@ -25,11 +25,19 @@ def cfg_id(cfg: taco.CompressionConfig) -> str:
     return "-".join(parts)
 
 
+#: Group sizes the sub-byte codecs run at in the interpreter-heavy tests: one single-dot and one
+#: Kronecker transform; their packing is the same code at every G (the torch-only pipeline test
+#: covers every G). Keeps the suite's added time small.
+SUB_BYTE_GROUP_SIZES = (32, 512)
+
+
 def all_configs(**fixed):
-    """Every codec x group size x Hadamard (other fields from `fixed`)."""
+    """Every 8-bit codec x group size x Hadamard, and the sub-byte codecs at SUB_BYTE_GROUP_SIZES
+    (other fields from `fixed`)."""
     return [
         taco.CompressionConfig(codec=c, group_size=g, hadamard=h, **fixed)
         for c, g, h in itertools.product(taco.config.CODECS, taco.config.GROUP_SIZES, (False, True))
+        if taco.config.CODEC_SPECS[c].bits == 8 or g in SUB_BYTE_GROUP_SIZES
     ]
 
 
