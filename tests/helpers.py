@@ -25,9 +25,9 @@ def cfg_id(cfg: taco.CompressionConfig) -> str:
     return "-".join(parts)
 
 
-#: Group sizes the sub-byte codecs run at in the interpreter-heavy tests: one single-dot and one
-#: Kronecker transform; their packing is the same code at every G (the torch-only pipeline test
-#: covers every G). Keeps the suite's added time small.
+#: Group sizes the sub-byte codecs run at in the per-config tests: one single-dot and one
+#: Kronecker transform. Their packing is the same code at every G and the rest is INT8's path,
+#: tested at every G; this keeps the suite's added time small.
 SUB_BYTE_GROUP_SIZES = (32, 512)
 
 

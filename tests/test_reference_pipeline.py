@@ -14,15 +14,16 @@ import torch
 
 import taco_triton as taco
 from taco_triton import reference as ref
-from taco_triton.config import CODECS, GROUP_SIZES, SUPERBLOCK_ELEMS
+from taco_triton.config import CODEC_SPECS, CODECS, GROUP_SIZES, SUPERBLOCK_ELEMS
 from taco_triton.layout import WireLayout
 
-from .helpers import DTYPES, cfg_id
+from .helpers import DTYPES, SUB_BYTE_GROUP_SIZES, cfg_id
 
 CONFIGS = [
     taco.CompressionConfig(codec=c, group_size=g, hadamard=h, scales=s, rounding=r, seed=7)
     for c, g, h, s, r in itertools.product(
         CODECS, GROUP_SIZES, (False, True), ("dual", "taco_fp32x2"), ("nearest", "stochastic"))
+    if CODEC_SPECS[c].bits == 8 or g in SUB_BYTE_GROUP_SIZES
 ]
 
 
