@@ -1,11 +1,12 @@
 """Codec error on real TP tensors captured from a pretrained model.
 
-    python bench/real_tensors.py [--csv bench/results/real_tensor_errors.csv] [--n-texts 32]
+    python bench/real_tensors.py [--csv bench/results/real_tensor_errors.csv] [--n-texts 32] [--budgets 0.025 0.01]
 
 For each captured tensor (taco_triton.realdata: all-MiniLM-L6-v2 sharded TP=4, forward
 row-parallel partial sums and backward column-parallel input gradients) and each codec config,
 the relative L2 error ||x - x'|| / ||x|| of a bf16 round trip through the torch reference
-backend (the Triton kernels are bit-identical to it without Hadamard, see tests/test_kernels.py).
+backend (the Triton kernels are bit-identical to it without Hadamard, see tests/test_kernels.py);
+then what `calibrate(max_error=...)` picks for all tensors at each error budget.
 Error numbers are device-independent; no timings here.
 """
 from __future__ import annotations
@@ -32,6 +33,11 @@ CONFIGS = {
     "int8 G128 noH": taco.CompressionConfig(codec="int8", hadamard=False),
     "int8 G128 H": taco.CompressionConfig(codec="int8"),
     "int8 G32 H": taco.CompressionConfig(codec="int8", group_size=32),
+    "int6 G32 H": taco.CompressionConfig(codec="int6", group_size=32),
+    "int6 G32 noH": taco.CompressionConfig(codec="int6", group_size=32, hadamard=False),
+    "int6 G64 H": taco.CompressionConfig(codec="int6", group_size=64),
+    "int4 G32 H": taco.CompressionConfig(codec="int4", group_size=32),
+    "int4 G32 noH": taco.CompressionConfig(codec="int4", group_size=32, hadamard=False),
 }
 
 
@@ -69,6 +75,8 @@ def main(argv=None) -> pd.DataFrame:
     ap.add_argument("--n-texts", type=int, default=32,
                     help="input texts run through the model to capture tensors (default: %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per text, at most (default: %(default)s)")
+    ap.add_argument("--budgets", type=float, nargs="*", default=[0.025, 0.01],
+                    help="error budgets to run calibrate(max_error=...) with on all tensors (default: %(default)s)")
     args = ap.parse_args(argv)
     from taco_triton.realdata import capture_tp_tensors
 
@@ -90,6 +98,13 @@ def main(argv=None) -> pd.DataFrame:
     print(f"default vs TACO's released layout: worst-tensor error ratio {worst:.4f} "
           f"at {summary.loc['fp8_e4m3 G128 H (default)', 'ratio_vs_bf16']:.3f}x vs "
           f"{summary.loc['taco_fp32x2 (TACO released)', 'ratio_vs_bf16']:.3f}x compression")
+    samples = [x.bfloat16() for x in tensors.values()]
+    for budget in args.budgets:
+        res = taco.calibrate(samples, max_error=budget, backend="torch")
+        row = res.table[res.table.chosen].iloc[0]
+        print(f"calibrate(max_error={budget}): {row.codec} G={row.group_size} hadamard={row.hadamard}, "
+              f"{row.rate_bytes_per_element:.4f} bytes/element ({2 / row.rate_bytes_per_element:.2f}x vs bf16), "
+              f"worst relative L2 error {100 * row.rel_l2_max:.2f}% (mean {100 * row.rel_l2_mean:.2f}%)")
     return df
 
 

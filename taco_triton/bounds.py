@@ -6,7 +6,7 @@ scales sigma that compression actually used), so a bound can fail only if the co
 Transformed domain, element i of group g (scale sigma_g, super-block scale S):
     |y'_i - y_i| <= sigma_g (r(v_i) + u v_i + 4 u code_max) + delta_i,   v_i = (|y_i| + delta_i) / sigma_g
 - r(v): half the code grid spacing at v (FP8: 2^(max(floor(log2 v), emin) - mbits - 1), which is
-  the subnormal spacing floor below the normal range; INT8: 1/2); a whole spacing with
+  the subnormal spacing floor below the normal range; integer codes: 1/2); a whole spacing with
   stochastic rounding.
 - 2 u v: the FP32 roundings of 1 / sigma and of y times it; 4 u code_max: saturation slack left by the (at most three)
   FP32 roundings inside sigma.
@@ -45,7 +45,7 @@ def _gamma(n: int, u: float) -> float:
 def _parts(c: Compressed):
     layout = WireLayout.of(c.numel, c.config)
     codes, a, b = layout.split(c.data.cpu())
-    return layout, codes, a.double(), b
+    return layout, reference.unpack_codes(codes, c.config.spec.bits), a.double(), b
 
 
 def group_sigma(c: Compressed) -> torch.Tensor:

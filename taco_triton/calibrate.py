@@ -30,7 +30,7 @@ class CalibrationResult:
 
 
 def default_candidates(base: CompressionConfig | None = None) -> list[CompressionConfig]:
-    """Every codec x group size x Hadamard on/off, other fields taken from `base`."""
+    """Every codec (8-, 6- and 4-bit) x group size x Hadamard on/off, other fields from `base`."""
     base = base or CompressionConfig()
     return [
         base.replace(codec=c, group_size=g, hadamard=h)
@@ -51,34 +51,46 @@ def calibrate(
     candidates: Sequence[CompressionConfig] | None = None,
     max_bytes_per_element: float = 1.0625,
     *,
+    max_error: float | None = None,
     backend: str = "auto",
 ) -> CalibrationResult:
-    """Pick the lowest-error config whose wire size fits `max_bytes_per_element`.
+    """Pick a config for these samples: the lowest error within a byte budget or, with
+    `max_error`, the fewest bytes within an error budget (both budgets apply together).
 
     Args:
         samples: tensors like the ones that will be communicated (finite values).
-        candidates: configs to consider; default `default_candidates()` (3 codecs x 5 group
+        candidates: configs to consider; default `default_candidates()` (5 codecs x 5 group
             sizes x Hadamard on/off).
         max_bytes_per_element: budget in wire bytes per element, scales included, compared with
-            each config's rate on whole super-blocks of 4096 elements: 1 + 1/G + 4/4096 bytes
-            ("dual" scales) or 1 + 8/G ("taco_fp32x2"). The default 1.0625 (ratio 1.88x vs
-            bf16) admits all dual configs, whatever the samples' sizes (a sample smaller than a
-            super-block pays its FP32 scale over fewer elements; `bytes_per_element` shows that).
+            each config's rate on whole super-blocks of 4096 elements: C/G + 1/G + 4/4096 bytes
+            ("dual" scales; C = G bits / 8 code bytes per group) or C/G + 8/G ("taco_fp32x2").
+            The default 1.0625 (ratio 1.88x vs bf16) admits all dual configs, whatever the
+            samples' sizes (a sample smaller than a super-block pays its FP32 scale over fewer
+            elements; `bytes_per_element` shows that).
+        max_error: budget on the worst relative L2 error over the samples (`rel_l2_max`), e.g.
+            0.025. Given, the choice is the config with the fewest bytes per element (its rate)
+            within both budgets, ties going to the lower mean error; None (default) picks the
+            lowest mean error within the byte budget.
         backend: as in `taco_triton.compress`.
 
     Returns:
-        `CalibrationResult` with the config of lowest mean relative L2 error (ties: fewer bytes)
-        and the whole measurement table.
+        `CalibrationResult` with the chosen config and the whole measurement table. Raises
+        ValueError when no candidate meets the budgets (naming the closest one).
 
     Example:
         >>> res = calibrate([torch.randn(64, 384)])
         >>> res.config.codec, res.table.shape[0]
-        ('int8', 30)
+        ('int8', 50)
+        >>> calibrate([torch.randn(64, 384)], max_error=0.05).config.codec
+        'int6'
     """
     import pandas as pd
 
     from .codec import compress, decompress
 
+    if max_error is not None and (isinstance(max_error, bool) or not isinstance(max_error, (int, float))
+                                  or not max_error > 0):
+        raise ValueError(f"max_error must be a positive number (a relative L2 error), got {max_error!r}")
     samples = list(samples)
     if not samples:
         raise ValueError("calibrate needs at least one sample tensor")
@@ -105,13 +117,20 @@ def calibrate(
             rate_bytes_per_element=rate, within_budget=rate <= max_bytes_per_element, config=cfg,
         ))
     table = pd.DataFrame(rows)
+    if max_error is not None:
+        table["within_budget"] &= table.rel_l2_max <= max_error
     fit = table[table.within_budget]
     if fit.empty:
         cheapest = table.loc[table.rate_bytes_per_element.idxmin()]
-        raise ValueError(
-            f"no candidate fits max_bytes_per_element={max_bytes_per_element}; the cheapest needs "
-            f"{cheapest.rate_bytes_per_element:.4f} ({cheapest.codec}, G={cheapest.group_size})"
-        )
-    best = fit.sort_values(["rel_l2_mean", "bytes_per_element"], kind="stable").index[0]
+        msg = (f"no candidate fits max_bytes_per_element={max_bytes_per_element}; the cheapest needs "
+               f"{cheapest.rate_bytes_per_element:.4f} ({cheapest.codec}, G={cheapest.group_size})")
+        if max_error is not None:
+            best = table.loc[table.rel_l2_max.idxmin()]
+            msg = (f"no candidate fits max_error={max_error} with max_bytes_per_element={max_bytes_per_element}; "
+                   f"the most accurate ({best.codec}, G={best.group_size}, hadamard={best.hadamard}) has worst "
+                   f"relative L2 error {best.rel_l2_max:.4g} at {best.rate_bytes_per_element:.4f} bytes per element")
+        raise ValueError(msg)
+    order = ["rel_l2_mean", "bytes_per_element"] if max_error is None else ["rate_bytes_per_element", "rel_l2_mean"]
+    best = fit.sort_values(order, kind="stable").index[0]
     table["chosen"] = table.index == best
     return CalibrationResult(config=table.loc[best, "config"], table=table.drop(columns="config"))

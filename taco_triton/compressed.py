@@ -9,6 +9,7 @@ import torch
 
 from .config import CODECS, ROUNDINGS, SCALE_MODES, SUPERBLOCK_ELEMS, CompressionConfig
 from .layout import WireLayout
+from .reference import unpack_codes
 
 _MAGIC = b"TACO"
 _VERSION = 1
@@ -20,11 +21,14 @@ _CRC = struct.Struct("<I")
 _MAX_NDIM = 16
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _MAX_STRIDE = 2**63 - 1  # the product of a shape's non-zero dims is a stride: it must fit int64
-#: Codes compress never writes (it saturates): FP8 NaN (E4M3) or Inf/NaN (E5M2), INT8 -128.
+#: Codes compress never writes (it saturates): FP8 NaN (E4M3) or Inf/NaN (E5M2), the most
+#: negative integer code (-128, -32, -8: the integer codecs are symmetric). Codes one byte each.
 _IMPOSSIBLE_CODES = {
     "fp8_e4m3": lambda c: (c & 0x7F) == 0x7F,
     "fp8_e5m2": lambda c: (c & 0x7C) == 0x7C,
     "int8": lambda c: c == 0x80,
+    "int6": lambda c: c == 0xE0,
+    "int4": lambda c: c == 0xF8,
 }
 
 
@@ -147,6 +151,7 @@ class Compressed(NamedTuple):
                              f"with shape {tuple(getattr(self.data, 'shape', ()))}")
         layout = WireLayout.of(self.numel, self.config)
         codes, a, b = layout.split(self.aligned().data)
+        codes = unpack_codes(codes, self.config.spec.bits)
         bad_codes = _IMPOSSIBLE_CODES[self.config.codec](codes)
         if bool(bad_codes.any()):
             first = int(bad_codes.reshape(-1).nonzero()[0, 0])

@@ -3,11 +3,13 @@
 The buffer is exactly what goes on the wire, so both ends derive the layout from
 (numel, config) alone; nothing about the layout travels with the data.
 
-    dual:         [codes: n_groups*G u8][superblock scales: n_sb f32][group scales: n_groups u8]
-    taco_fp32x2:  [codes: n_groups*G u8][pre-scales: n_groups f32][absmax scales: n_groups f32]
+    dual:         [codes: n_groups*C u8][superblock scales: n_sb f32][group scales: n_groups u8]
+    taco_fp32x2:  [codes: n_groups*C u8][pre-scales: n_groups f32][absmax scales: n_groups f32]
 
-Codes come first so they start 16-byte aligned for vector loads; n_groups*G is a multiple of 32,
-so the FP32 region after them is 4-byte aligned. The last group is padded to G codes (never the
+C = G * bits / 8 code bytes per group (G for the 8-bit codecs; INT6 packs four codes in three
+bytes, INT4 two per byte, so every group starts on a byte). Codes come first so they start
+16-byte aligned for vector loads; C is a multiple of 4 for G >= 32, so the FP32 region after them
+is 4-byte aligned. The last group is padded to G codes (never the
 input): with the Hadamard transform a partial group has G coefficients, so its codes need G bytes.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .config import SUPERBLOCK_ELEMS, CompressionConfig
 class WireLayout:
     numel: int
     group_size: int
+    code_bytes: int  # per group
     n_groups: int
     groups_per_superblock: int
     n_superblocks: int
@@ -38,7 +41,8 @@ class WireLayout:
         n_groups = -(-numel // g)
         gps = SUPERBLOCK_ELEMS // g
         n_sb = -(-n_groups // gps)
-        codes = n_groups * g
+        code_bytes = config.spec.code_bytes(g)
+        codes = n_groups * code_bytes
         if config.scales == "dual":
             a_bytes, b_bytes = 4 * n_sb, n_groups
         else:
@@ -46,6 +50,7 @@ class WireLayout:
         return WireLayout(
             numel=numel,
             group_size=g,
+            code_bytes=code_bytes,
             n_groups=n_groups,
             groups_per_superblock=gps,
             n_superblocks=n_sb,
@@ -57,7 +62,8 @@ class WireLayout:
         )
 
     def split(self, data):
-        """Views of (codes u8 [n_groups, G], scale_a, scale_b) inside a flat uint8 tensor."""
+        """Views of (codes u8 [n_groups, code_bytes], scale_a, scale_b) inside a flat uint8 tensor
+        (`reference.unpack_codes` turns packed codes into one byte per code)."""
         import torch
 
         if data.dtype != torch.uint8 or data.dim() != 1 or data.numel() != self.nbytes:
@@ -65,7 +71,7 @@ class WireLayout:
                 f"wire buffer must be 1-D uint8 with {self.nbytes} bytes, got {data.dtype} "
                 f"shape {tuple(data.shape)}"
             )
-        codes = data[: self.scale_a_offset].view(self.n_groups, self.group_size)
+        codes = data[: self.scale_a_offset].view(self.n_groups, self.code_bytes)
         a = data[self.scale_a_offset : self.scale_b_offset].view(torch.float32)
         b = data[self.scale_b_offset :]
         if self.scales != "dual":

@@ -10,10 +10,12 @@ Each stage is a function of its own, in pipeline order:
                      directions scale by powers of two only (exact) and |y| <= max|x| / 2 can never
                      overflow, even for inputs at the dtype's maximum. Inverse: x = 2 y H.
 3. `dual_scales` / `taco_scales`: the group scales (see `CompressionConfig.scales`).
-4. `encode_codes` / `decode_codes`: 8-bit codes. FP8 codes equal torch's round-to-nearest-even
-                     cast; `encode_codes_bits` is the integer-bit encoder the kernels use in
-                     Triton's interpreter and for stochastic rounding, kept here so it is tested
-                     against torch's cast.
+4. `encode_codes` / `decode_codes`: one byte per code. FP8 codes equal torch's
+                     round-to-nearest-even cast; integer codes (8, 6 or 4 bits) are the int8 of
+                     their value. `encode_codes_bits` is the integer-bit encoder the kernels use
+                     in Triton's interpreter and for stochastic rounding, kept here so it is
+                     tested against torch's cast. `pack_codes` / `unpack_codes`: the wire form
+                     of sub-byte codes (INT6: four in three bytes, INT4: two per byte).
 5. `compress_reference` / `decompress_reference` / `reduce_reference`: the whole pipeline on the
                      wire layout. They are the CPU backend, so they take faster routes than the
                      stages (fewer passes, in-place steps, look-up tables to decode, the 1/(2G)
@@ -271,8 +273,46 @@ def encode_codes_bits(v: torch.Tensor, spec: CodecSpec, mode: str = "nearest", r
 
 
 def decode_codes(codes: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
-    """FP32 values of u8 codes."""
+    """FP32 values of u8 codes (one byte per code: `unpack_codes` first for packed ones)."""
     return codes.view(spec.torch_dtype).float()
+
+
+def packing(bits: int) -> tuple[int, int]:
+    """(codes per word K, bytes per word W) of `bits`-bit codes: the smallest run of codes that
+    fills whole bytes (INT6: 4 codes in 3 bytes; INT4: 2 in 1). A word is at most 32 bits (the
+    kernels assemble it in one uint32)."""
+    k = 8 // math.gcd(bits, 8)
+    if k * bits > 32:
+        raise ValueError(f"{bits}-bit codes pack into {k * bits}-bit words; at most 32 are supported")
+    return k, k * bits // 8
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """[n, G] u8 codes (int8 of values within +-(2^(bits-1) - 1)) -> [n, G * bits / 8] wire bytes.
+
+    Each word of K codes holds code j in bits [j * bits, (j + 1) * bits), two's complement,
+    and goes on the wire little-endian."""
+    if bits == 8:
+        return codes
+    k, w = packing(bits)
+    n, g = codes.shape
+    c = (codes.to(torch.int64) & ((1 << bits) - 1)).view(n, g // k, k)
+    word = (c << (torch.arange(k, device=codes.device) * bits)).sum(dim=2)  # disjoint bit fields
+    shifts = torch.arange(w, device=codes.device) * 8
+    return ((word[:, :, None] >> shifts) & 0xFF).to(torch.uint8).view(n, g * bits // 8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of `pack_codes`: [n, G * bits / 8] wire bytes -> [n, G] u8 codes (int8 of the value)."""
+    if bits == 8:
+        return packed
+    k, w = packing(bits)
+    n, nbytes = packed.shape
+    b = packed.to(torch.int64).view(n, nbytes // w, w)
+    word = (b << (torch.arange(w, device=packed.device) * 8)).sum(dim=2)
+    c = (word[:, :, None] >> (torch.arange(k, device=packed.device) * bits)) & ((1 << bits) - 1)
+    c = c - ((c >> (bits - 1)) << bits)  # sign-extend
+    return c.to(torch.int8).view(torch.uint8).view(n, nbytes * 8 // bits)
 
 
 # --------------------------------------------------------------------------- 5. pipeline
@@ -349,14 +389,17 @@ def _quantize(y: torch.Tensor, amax: torch.Tensor, finite: torch.Tensor, pre, co
         v.mul_(k[:, None])
     v.mul_(rcp[:, None])
     v.clamp_(-spec.code_max, spec.code_max)
+    byte_codes = codes if spec.bits == 8 else torch.empty(v.shape, dtype=torch.uint8, device=v.device)
     if config.stochastic:
         idx = torch.arange(v.numel(), dtype=torch.int64, device=v.device).view_as(v)
-        codes.copy_(encode_codes_bits(v, spec, "stochastic", random_bits(config.seed, idx)))
+        byte_codes.copy_(encode_codes_bits(v, spec, "stochastic", random_bits(config.seed, idx)))
     elif spec.is_float:
-        codes.view(spec.torch_dtype).copy_(v)
+        byte_codes.view(spec.torch_dtype).copy_(v)
     else:
-        codes.view(torch.int8).copy_(v.round_())
-    codes.mul_(ok.to(torch.uint8)[:, None])
+        byte_codes.view(torch.int8).copy_(v.round_())
+    byte_codes.mul_(ok.to(torch.uint8)[:, None])
+    if spec.bits != 8:
+        codes.copy_(pack_codes(byte_codes, spec.bits))
     return data
 
 
@@ -400,6 +443,7 @@ def _load(data: torch.Tensor, numel: int, config: CompressionConfig, pad: bool):
     layout = WireLayout.of(numel, config)
     spec = CODEC_SPECS[config.codec]
     codes, a, b = layout.split(data)
+    codes = unpack_codes(codes, spec.bits)
     n = layout.n_groups
     rows = layout.n_superblocks * layout.groups_per_superblock if pad else n
     vals = torch.empty(rows, layout.group_size, dtype=torch.float32, device=data.device)

@@ -13,7 +13,7 @@ DEVICE = os.environ.get("TACO_TEST_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda"
 U_DOT_HERE = U_DOT["gpu"] if ON_GPU else U_DOT["interpreter"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-CODEC_SHORT = {"fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "int8": "int8"}
+CODEC_SHORT = {"fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "int8": "int8", "int6": "int6", "int4": "int4"}
 
 
 def cfg_id(cfg: taco.CompressionConfig) -> str:
@@ -25,11 +25,19 @@ def cfg_id(cfg: taco.CompressionConfig) -> str:
     return "-".join(parts)
 
 
+#: Group sizes the sub-byte codecs run at in the per-config tests: one single-dot and one
+#: Kronecker transform. Their packing is the same code at every G and the rest is INT8's path,
+#: tested at every G; this keeps the suite's added time small.
+SUB_BYTE_GROUP_SIZES = (32, 512)
+
+
 def all_configs(**fixed):
-    """Every codec x group size x Hadamard (other fields from `fixed`)."""
+    """Every 8-bit codec x group size x Hadamard, and the sub-byte codecs at SUB_BYTE_GROUP_SIZES
+    (other fields from `fixed`)."""
     return [
         taco.CompressionConfig(codec=c, group_size=g, hadamard=h, **fixed)
         for c, g, h in itertools.product(taco.config.CODECS, taco.config.GROUP_SIZES, (False, True))
+        if taco.config.CODEC_SPECS[c].bits == 8 or g in SUB_BYTE_GROUP_SIZES
     ]
 
 

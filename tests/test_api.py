@@ -110,13 +110,30 @@ def test_calibrate_picks_lowest_error_within_budget():
     samples = [make_input("outliers", (8, 384), torch.bfloat16, seed=s) for s in range(2)]
     res = taco.calibrate(samples, backend="torch")
     t = res.table
-    assert len(t) == 30 and int(t.chosen.sum()) == 1
+    assert len(t) == 50 and int(t.chosen.sum()) == 1
     chosen = t[t.chosen].iloc[0]
     assert chosen.rel_l2_mean == t[t.within_budget].rel_l2_mean.min()
     assert res.config.codec == chosen.codec and res.config.group_size == chosen.group_size
     tight = taco.calibrate(samples, max_bytes_per_element=1.01, backend="torch")
     assert tight.config.group_size >= 128 and bool(tight.table[tight.table.chosen].within_budget.all())
-    with pytest.raises(ValueError, match="cheapest needs 1.00"):
-        taco.calibrate(samples, max_bytes_per_element=1.0, backend="torch")
+    with pytest.raises(ValueError, match="cheapest needs 0.50"):  # int4, G=512: 1/2 + 1/512 + 4/4096
+        taco.calibrate(samples, max_bytes_per_element=0.5, backend="torch")
     with pytest.raises(ValueError, match="NaN"):
         taco.calibrate([torch.tensor([1.0, float("nan")])])
+
+
+def test_calibrate_by_error_budget_picks_the_fewest_bytes_within_it():
+    samples = [make_input("outliers", (8, 384), torch.bfloat16, seed=s) for s in range(2)]
+    for budget in (0.05, 0.025, 0.01):
+        res = taco.calibrate(samples, max_error=budget, backend="torch")
+        t = res.table
+        chosen = t[t.chosen].iloc[0]
+        assert chosen.rel_l2_max <= budget and bool((t.within_budget == (t.rel_l2_max <= budget)).all())
+        assert chosen.rate_bytes_per_element == t[t.rel_l2_max <= budget].rate_bytes_per_element.min()
+        assert res.config.codec == chosen.codec and res.config.group_size == chosen.group_size
+    both = taco.calibrate(samples, max_bytes_per_element=0.7, max_error=0.2, backend="torch")
+    assert both.config.codec == "int4"  # the byte budget leaves only int4
+    with pytest.raises(ValueError, match=r"max_error=1e-05.*worst relative L2 error 0.00"):
+        taco.calibrate(samples, max_error=1e-5, backend="torch")
+    with pytest.raises(ValueError, match="max_error must be a positive number"):
+        taco.calibrate(samples, max_error=0.0)

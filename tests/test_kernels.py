@@ -36,7 +36,7 @@ def test_codes_and_scales_bit_identical_without_hadamard(cfg, dtype):
         assert torch.equal(_triton(x, cfg).data.cpu(), _reference_bytes(x, cfg))
 
 
-@pytest.mark.parametrize("codec", ["fp8_e4m3", "fp8_e5m2", "int8"])
+@pytest.mark.parametrize("codec", taco.config.CODECS)
 def test_stochastic_codes_bit_identical_without_hadamard(codec):
     cfg = taco.CompressionConfig(codec=codec, hadamard=False, rounding="stochastic", seed=11)
     x = make_input("outliers", (5, 384), torch.bfloat16, seed=3)
@@ -46,9 +46,10 @@ def test_stochastic_codes_bit_identical_without_hadamard(codec):
 def _explained_code_differences(x, cfg, got: torch.Tensor, want: torch.Tensor):
     """Count differing codes; assert each is an adjacent code at a midpoint within summation error."""
     lay = WireLayout.of(x.numel(), cfg)
+    spec = cfg.spec
     c_got, _, b_got = lay.split(got)
     c_want, _, b_want = lay.split(want)
-    spec = cfg.spec
+    c_got, c_want = ref.unpack_codes(c_got, spec.bits), ref.unpack_codes(c_want, spec.bits)
     groups = ref.to_groups(x.cpu(), cfg.group_size).double()
     delta = 2 * _gamma(cfg.group_size, U_DOT_HERE) * groups.abs().sum(1, keepdim=True) / (2 * cfg.group_size)
     # groups whose E4M4 scale code differs: the ratio amax/sb_amax sat on a rounding-up boundary
@@ -96,7 +97,7 @@ def test_decompress_kernel_matches_reference(cfg, dtype):
     c = taco.Compressed(data.to(DEVICE), x.shape, x.dtype, cfg)
     got = taco.decompress(c, backend="triton").cpu()
     want = ref.decompress_reference(data, x.numel(), cfg, x.dtype).view(x.shape)
-    if not cfg.hadamard or cfg.codec == "int8":  # exact: same FP32 operations (int8 sums are exact)
+    if not cfg.hadamard or not cfg.spec.is_float:  # exact: same FP32 operations (integer sums are exact)
         assert torch.equal(got, want)
     else:  # codes @ H summed in another order: within gamma_G of the absolute sum, then one rounding
         vals = ref.decode_codes(WireLayout.of(x.numel(), cfg).split(data)[0], cfg.spec).double()
@@ -106,7 +107,9 @@ def test_decompress_kernel_matches_reference(cfg, dtype):
         assert bool(((got.double() - want.double()).abs().reshape(-1) <= tol).all())
 
 
-@pytest.mark.parametrize("cfg", [taco.CompressionConfig(), taco.CompressionConfig(codec="int8", hadamard=False)], ids=cfg_id)
+@pytest.mark.parametrize("cfg", [taco.CompressionConfig(), taco.CompressionConfig(codec="int8", hadamard=False),
+                                 taco.CompressionConfig(codec="int6", group_size=32),
+                                 taco.CompressionConfig(codec="int4", group_size=64, hadamard=False)], ids=cfg_id)
 def test_tails_empty_and_tiny_shapes(cfg):
     for shape in [(0,), (0, 384), (1,), (5,), (3, 7), (2, 129), (4097,)]:
         x = make_input("dense", shape, torch.bfloat16) if 0 not in shape else torch.empty(shape, dtype=torch.bfloat16, device=DEVICE)
@@ -119,7 +122,8 @@ def test_tails_empty_and_tiny_shapes(cfg):
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-@pytest.mark.parametrize("cfg", [taco.CompressionConfig(), taco.CompressionConfig(hadamard=False, codec="int8"), taco.CompressionConfig(scales="taco_fp32x2")], ids=cfg_id)
+@pytest.mark.parametrize("cfg", [taco.CompressionConfig(), taco.CompressionConfig(hadamard=False, codec="int8"), taco.CompressionConfig(scales="taco_fp32x2"),
+                                 taco.CompressionConfig(codec="int6", group_size=32)], ids=cfg_id)
 def test_nonfinite_group_decompresses_to_nan_and_spares_the_rest(cfg, backend):
     x = make_input("dense", (4, 384), torch.float32, seed=2)
     g = cfg.group_size

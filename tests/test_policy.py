@@ -34,12 +34,32 @@ def test_single_process_calibration_saves_and_loads(tmp_path):
     path = tmp_path / "plan.json"
     p = CompressionPolicy(calibrate_steps=2, plan=path)
     for step in range(2):
-        p.observe("a.reduce", "forward", torch.randn(8, 256))  # small: calibration tries 30 configs
+        p.observe("a.reduce", "forward", torch.randn(8, 256))  # small: calibration tries 50 configs
         p.observe("a.reduce", "backward", torch.randn(8, 256))
         p.step()
     assert p.frozen and path.exists()
     q = CompressionPolicy(plan=path)
     assert q.frozen and q.plan_dict() == p.plan_dict() and set(q.plan_dict()) == {"a.reduce|forward", "a.reduce|backward"}
+
+
+
+def test_calibration_to_an_error_budget_per_direction(tmp_path):
+    """Forward gets a loose budget (a sub-byte codec), backward a tight one (int8); the plan table
+    shows each choice with the error measured on the site's samples, and survives save/load."""
+    path = tmp_path / "plan.json"
+    p = CompressionPolicy(calibrate_steps=1, plan=path, max_error={"forward": 0.05, "backward": 0.01})
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(0))
+    p.observe("a.reduce", "forward", x)
+    p.observe("a.reduce", "backward", x)
+    p.step()
+    t = p.plan_table().set_index("direction")
+    assert t.loc["forward", "rel_l2_max"] <= 0.05 and t.loc["backward", "rel_l2_max"] <= 0.01
+    assert t.loc["forward", "codec"] in ("int6", "int4") and t.loc["backward", "codec"] == "int8"
+    assert t.loc["forward", "rate_bytes_per_element"] < 0.8 < t.loc["backward", "rate_bytes_per_element"]
+    assert CompressionPolicy(plan=path).plan_table().equals(p.plan_table())
+    for bad in (0, -0.1, {"sideways": 0.1}, {"forward": "0.1"}, True):
+        with pytest.raises(ValueError, match="max_error"):
+            CompressionPolicy(max_error=bad)
 
 
 _ENTRY = taco.CompressionConfig().to_dict()
@@ -54,6 +74,7 @@ MALFORMED = {
     "entry_not_object": json.dumps({"version": 1, "entries": {"a.reduce|forward": 3}}),
     "top_level_list": "[]",
     "entries_list": json.dumps({"version": 1, "entries": []}),
+    "bad_measured": json.dumps({"version": 1, "entries": {}, "measured": {"a.reduce|forward": {"bogus": 1}}}),
 }
 
 

@@ -15,15 +15,16 @@ import torch
 
 import taco_triton as taco
 from taco_triton import reference as ref
-from taco_triton.config import CODECS, GROUP_SIZES, SUPERBLOCK_ELEMS
+from taco_triton.config import CODEC_SPECS, CODECS, GROUP_SIZES, SUPERBLOCK_ELEMS
 from taco_triton.layout import WireLayout
 
-from .helpers import DTYPES, cfg_id
+from .helpers import DTYPES, SUB_BYTE_GROUP_SIZES, cfg_id
 
 CONFIGS = [
     taco.CompressionConfig(codec=c, group_size=g, hadamard=h, scales=s, rounding=r, seed=7)
     for c, g, h, s, r in itertools.product(
         CODECS, GROUP_SIZES, (False, True), ("dual", "taco_fp32x2"), ("nearest", "stochastic"))
+    if CODEC_SPECS[c].bits == 8 or g in SUB_BYTE_GROUP_SIZES
 ]
 
 
@@ -43,7 +44,7 @@ def _staged_quantize(y, finite, pre, cfg, numel):
         codes = ref.encode_codes(v, spec)
     data = torch.zeros(layout.nbytes, dtype=torch.uint8)
     c, a, b = layout.split(data)
-    c.copy_(codes)
+    c.copy_(ref.pack_codes(codes, spec.bits))
     a.copy_(scale_a)
     b.copy_(scale_b)
     return data
@@ -64,7 +65,7 @@ def _staged_values(data, numel, cfg):
     """Each group's dequantized values in the transformed domain."""
     layout = WireLayout.of(numel, cfg)
     codes, a, b = layout.split(data)
-    vals = ref.decode_codes(codes, cfg.spec)
+    vals = ref.decode_codes(ref.unpack_codes(codes, cfg.spec.bits), cfg.spec)
     if cfg.scales == "dual":
         sigma = a.repeat_interleave(layout.groups_per_superblock)[: layout.n_groups] * ref.decode_ue4m4(b)
         return vals, sigma, None

@@ -9,14 +9,15 @@ import taco_triton as taco
 from .helpers import make_input
 
 CONFIGS = [taco.CompressionConfig(), taco.CompressionConfig(codec="int8", group_size=32, hadamard=False),
-           taco.CompressionConfig(scales="taco_fp32x2", rounding="stochastic", seed=9)]
+           taco.CompressionConfig(scales="taco_fp32x2", rounding="stochastic", seed=9),
+           taco.CompressionConfig(codec="int6", group_size=32), taco.CompressionConfig(codec="int4", hadamard=False)]
 
 
 def _blob(cfg=CONFIGS[0], shape=(3, 130), dtype=torch.bfloat16) -> bytes:
     return taco.compress(make_input("outliers", shape, dtype), cfg).to_bytes()
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "int8-G32", "fp32x2-SR"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "int8-G32", "fp32x2-SR", "int6-G32", "int4-noH"])
 @pytest.mark.parametrize("shape", [(0,), (1,), (3, 130), (2, 3, 4, 5)], ids=str)
 def test_round_trip(cfg, shape):
     x = make_input("dense", shape, torch.float16) if 0 not in shape else torch.empty(shape, dtype=torch.float16)
@@ -59,7 +60,7 @@ def test_valid_crc_but_impossible_scales_is_rejected():
 
 @given(data=st.data())
 def test_fuzz_mutations_raise_value_error(data):
-    blob = bytearray(_blob(CONFIGS[data.draw(st.integers(0, 2))]))
+    blob = bytearray(_blob(CONFIGS[data.draw(st.integers(0, len(CONFIGS) - 1))]))
     op = data.draw(st.sampled_from(["flip", "truncate", "extend", "random", "splice"]))
     if op == "flip":
         i = data.draw(st.integers(0, len(blob) - 1))
@@ -75,3 +76,34 @@ def test_fuzz_mutations_raise_value_error(data):
         blob[i:i] = data.draw(st.binary(min_size=1, max_size=8))
     with pytest.raises(ValueError):
         taco.Compressed.from_bytes(bytes(blob))
+
+
+def test_blobs_written_before_the_sub_byte_codecs_still_read():
+    """Codec ids are indices into CODECS, which only grows at its end: a blob of every 8-bit codec
+    written by a build without int6/int4 (its header bytes fixed here) reads back unchanged."""
+    import struct
+    import zlib
+
+    data = taco.compress(make_input("dense", (2, 64), torch.float32), taco.CompressionConfig(codec="int8")).data
+    # magic, version 1, codec 2 (int8), G 128, hadamard, dual, nearest, seed 0, fp32, 4096, ndim 2
+    head = b"TACO\x01\x02\x80\x00\x01\x00\x00" + bytes(4) + b"\x02\x00\x10\x00\x00\x02"
+    head += struct.pack("<qqQ", 2, 64, data.numel())
+    body = head + data.numpy().tobytes()
+    c = taco.Compressed.from_bytes(body + struct.pack("<I", zlib.crc32(body)))
+    assert c.config == taco.CompressionConfig(codec="int8") and c.dtype == torch.float32 and torch.equal(c.data, data)
+
+
+@pytest.mark.parametrize("codec,code", [("int6", -32), ("int4", -8)])
+def test_sub_byte_code_compress_never_writes_is_rejected(codec, code):
+    """The integer codecs are symmetric: the most negative code in a packed word is invalid."""
+    from taco_triton import reference as ref
+    from taco_triton.layout import WireLayout
+
+    cfg = taco.CompressionConfig(codec=codec, group_size=32)
+    c = taco.compress(make_input("dense", (2, 64), torch.float32), cfg)
+    codes = ref.unpack_codes(WireLayout.of(c.numel, cfg).split(c.data)[0], cfg.spec.bits)
+    codes[1, 5] = code & 0xFF
+    data = c.data.clone()
+    WireLayout.of(c.numel, cfg).split(data)[0].copy_(ref.pack_codes(codes, cfg.spec.bits))
+    with pytest.raises(ValueError, match=f"invalid codes.*{codec}.*element {32 + 5}"):
+        taco.Compressed(data, c.shape, c.dtype, cfg).validate()

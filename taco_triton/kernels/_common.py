@@ -10,12 +10,14 @@ import triton
 import triton.language as tl
 
 from ..config import CodecSpec
+from ..reference import packing
 
-# Codec ids (constexpr CODEC).
+# Codec ids (constexpr CODEC). Integer codes of every width share INT8's id: one byte per code
+# (the int8 of the value) everywhere in a kernel but on the wire, where BITS picks the packing.
 E4M3: tl.constexpr = tl.constexpr(0)
 E5M2: tl.constexpr = tl.constexpr(1)
 INT8: tl.constexpr = tl.constexpr(2)
-CODEC_IDS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "int8": 2}
+CODEC_IDS = {"fp8_e4m3": 0, "fp8_e5m2": 1, "int8": 2, "int6": 2, "int4": 2}
 
 # Rounding ids (constexpr ROUND) of `round_shift` and the encoders.
 NEAREST: tl.constexpr = tl.constexpr(0)
@@ -33,7 +35,8 @@ def codec_constexprs(spec: CodecSpec) -> dict:
     """The constexprs a kernel needs for one codec, read from the codec's spec."""
     return {
         "CODEC": CODEC_IDS[spec.name], "CODE_MAX": spec.code_max, "MBITS": spec.mbits,
-        "EMIN": spec.emin, "SUB": 2.0 ** (spec.emin - spec.mbits),
+        "EMIN": spec.emin, "SUB": 2.0 ** (spec.emin - spec.mbits), "BITS": spec.bits,
+        "PACK_K": packing(spec.bits)[0],
     }
 
 
@@ -139,6 +142,46 @@ def encode_codes(v, rand, CODEC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.con
             mag = ((eq - EMIN) << MBITS) + round_shift(m, s, ROUND, rand)
             code = mag | (sign << 7)
         return code.to(tl.uint8)
+
+
+@triton.jit
+def store_codes(codes_ptr, code, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+                PACK_K: tl.constexpr):
+    """Store a tile's u8 codes [ROWS, G] (integer codes: the int8 of the value) on the wire.
+
+    BITS < 8 (reference.pack_codes): each word of PACK_K codes, code j in bits [j BITS, (j+1) BITS),
+    goes out as its W = PACK_K BITS / 8 little-endian bytes; a group takes G BITS / 8 bytes.
+    """
+    if BITS == 8:
+        tl.store(codes_ptr + offs, code, mask=row_ok[:, None])
+    else:
+        W: tl.constexpr = PACK_K * BITS // 8
+        NW: tl.constexpr = G // PACK_K
+        c = tl.reshape(code.to(tl.int32) & ((1 << BITS) - 1), [ROWS, NW, PACK_K])
+        shifts = tl.arange(0, PACK_K) * BITS
+        word = tl.sum(c << shifts[None, None, :], axis=2)  # disjoint bit fields: the sum is an OR
+        base = rows[:, None] * (G * BITS // 8) + tl.arange(0, NW)[None, :] * W
+        for j in tl.static_range(W):
+            tl.store(codes_ptr + base + j, ((word >> (8 * j)) & 0xFF).to(tl.uint8), mask=row_ok[:, None])
+
+
+@triton.jit
+def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+               PACK_K: tl.constexpr):
+    """A tile's u8 codes [ROWS, G] from the wire, 0 in masked rows (reference.unpack_codes)."""
+    if BITS == 8:
+        return tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
+    else:
+        W: tl.constexpr = PACK_K * BITS // 8
+        NW: tl.constexpr = G // PACK_K
+        base = rows[:, None] * (G * BITS // 8) + tl.arange(0, NW)[None, :] * W
+        word = tl.zeros([ROWS, NW], dtype=tl.int32)
+        for j in tl.static_range(W):
+            word = word | (tl.load(codes_ptr + base + j, mask=row_ok[:, None], other=0).to(tl.int32) << (8 * j))
+        # code j to the top of an int32, then an arithmetic shift down sign-extends it
+        up = 32 - BITS - tl.arange(0, PACK_K) * BITS
+        c = (word[:, :, None] << up[None, None, :]) >> (32 - BITS)
+        return tl.reshape(c, [ROWS, G]).to(tl.int8).to(tl.uint8, bitcast=True)
 
 
 @triton.jit

@@ -22,6 +22,7 @@ from ._common import (
     random_bits,
     row_absmax,
     saturating_encoder,
+    store_codes,
     to_out_dtype,
 )
 
@@ -70,7 +71,7 @@ def quantize_store(
     y, tile, rows, row_ok, offs, n_sb, codes_ptr, a_ptr, b_ptr, seed, pre,
     CODEC: tl.constexpr, CODE_MAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
     SBT: tl.constexpr, GPS: tl.constexpr, DUAL: tl.constexpr, ROUND: tl.constexpr,
-    HW: tl.constexpr, FP8_HW: tl.constexpr,
+    HW: tl.constexpr, FP8_HW: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr,
 ):
     """Scales and codes of a transformed tile y [ROWS, G] (FP32); stores codes and both scales.
 
@@ -100,7 +101,8 @@ def quantize_store(
         rand = random_bits(seed, offs)
     else:
         rand = 0
-    tl.store(codes_ptr + offs, encode_codes(v, rand, CODEC, MBITS, EMIN, ROUND, HW, FP8_HW), mask=row_ok[:, None])
+    store_codes(codes_ptr, encode_codes(v, rand, CODEC, MBITS, EMIN, ROUND, HW, FP8_HW), rows, offs, row_ok,
+                SBT * GPS, G, BITS, PACK_K)
 
 
 @triton.jit

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import codec_constexprs, decode_codes, hadamard_rows, load_tables
+from ._common import codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, store_dense, tile_rows
@@ -26,7 +26,7 @@ from ._tile import load_scales, store_dense, tile_rows
 def _decompress_kernel(
     codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, out_max, inf_above,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
 ):
     ROWS: tl.constexpr = SBT * GPS
@@ -34,7 +34,7 @@ def _decompress_kernel(
         h, h16 = load_tables(h_ptr, h16_ptr, G)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
-        codes = tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
+        codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
         sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
         if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
             vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32)

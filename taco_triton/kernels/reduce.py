@@ -18,7 +18,7 @@ import triton.language as tl
 from .. import alloc
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import STOCHASTIC, codec_constexprs, decode_codes, hadamard_rows, load_tables, row_absmax
+from ._common import STOCHASTIC, codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables, row_absmax
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, quantize_store, store_dense, taco_prescale, tile_rows
@@ -30,7 +30,7 @@ def _reduce_kernel(
     out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, scale,
     out_max, inf_above,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
     DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
 ):
@@ -42,7 +42,7 @@ def _reduce_kernel(
         acc = tl.zeros([ROWS, G], dtype=tl.float32)
         c_ptr, a_ptr, b_ptr = in_codes_ptr, in_a_ptr, in_b_ptr  # advanced per rank: 64-bit pointer math
         for _p in range(n_ranks):
-            codes = tl.load(c_ptr + offs, mask=row_ok[:, None], other=0)
+            codes = load_codes(c_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
             sigma, pre = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
             t = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
             if not DUAL:
@@ -68,7 +68,7 @@ def _reduce_kernel(
                 pre_out = taco_prescale(ms, finite, CODE_MAX)
                 acc = acc * pre_out[:, None]
             quantize_store(acc, tile, rows, row_ok, offs, n_sb, out_codes_ptr, out_a_ptr, out_b_ptr, seed, pre_out,
-                           CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW)
+                           CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K)
 
 
 def _row_views(bufs: torch.Tensor, layout: WireLayout):

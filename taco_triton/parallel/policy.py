@@ -29,6 +29,8 @@ from ..config import CompressionConfig
 
 DIRECTIONS = ("forward", "backward")
 _PLAN_VERSION = 1
+#: What a calibrated plan records per site (columns of `calibrate`'s table).
+_MEASURED = ("rate_bytes_per_element", "rel_l2_mean", "rel_l2_max")
 
 
 def _key(site: str, direction: str) -> str:
@@ -49,6 +51,12 @@ class CompressionPolicy:
             otherwise calibration writes it.
         calibrate_steps: K > 0 collects samples for K steps, then calibrates every site.
         max_bytes_per_element: the calibration budget (see `taco_triton.calibrate`).
+        max_error: an error budget for calibration: each site gets the config with the fewest
+            bytes whose worst relative L2 error on its samples is within it (see
+            `taco_triton.calibrate`). A number applies to both directions; a dict such as
+            {"forward": 0.025, "backward": 0.01} sets each direction (a direction left out is
+            calibrated for the lowest error within the byte budget). `plan_table()` shows each
+            site's choice and its measured error.
         samples_per_site: how many tensors per site calibration keeps.
         comm_dtype: dtype activations and gradients are communicated in (None: their own).
             torch.bfloat16 reproduces bf16 training's communication while computing in FP32.
@@ -72,9 +80,11 @@ class CompressionPolicy:
     plan: str | os.PathLike | None = None
     calibrate_steps: int = 0
     max_bytes_per_element: float = 1.0625
+    max_error: float | Mapping[str, float] | None = None
     samples_per_site: int = 4
     comm_dtype: torch.dtype | None = None
     _plan: dict = field(default_factory=dict, init=False, repr=False)
+    _measured: dict = field(default_factory=dict, init=False, repr=False)
     _frozen: bool = field(default=False, init=False, repr=False)
     _samples: dict = field(default_factory=dict, init=False, repr=False)
     _steps: int = field(default=0, init=False, repr=False)
@@ -94,6 +104,13 @@ class CompressionPolicy:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if isinstance(self.max_bytes_per_element, bool) or not isinstance(self.max_bytes_per_element, (int, float)):
             raise ValueError(f"max_bytes_per_element must be a number, got {self.max_bytes_per_element!r}")
+        budgets = self.max_error if isinstance(self.max_error, Mapping) else {}
+        if set(budgets) - set(DIRECTIONS):
+            raise ValueError(f"max_error keys must be among {DIRECTIONS}, got {sorted(budgets)}")
+        for value in budgets.values() if budgets else [self.max_error]:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"max_error must be None, a positive number or a dict of them per direction, "
+                                 f"got {self.max_error!r}")
         for pat, cfg in dict(self.overrides).items():
             if not isinstance(pat, str) or not (cfg is None or isinstance(cfg, CompressionConfig)):
                 raise TypeError(f"overrides must map patterns (str) to CompressionConfig or None, got {pat!r}: {cfg!r}")
@@ -163,28 +180,53 @@ class CompressionPolicy:
         self._samples = {}
         if error is not None:
             raise ValueError(f"CompressionPolicy calibration failed on rank 0 at step {self._steps}: {error}")
-        self._plan, self._frozen = plan, True
+        (self._plan, self._measured), self._frozen = plan, True
         if self.plan is not None and (not dist.is_initialized() or dist.get_rank(group) == 0):
             self.save_plan(self.plan)
 
-    def _calibrate_local(self) -> dict:
-        plan = {}
+    def error_budget(self, direction: str) -> float | None:
+        """The calibration error budget of `direction` (None: lowest error within the byte budget)."""
+        if isinstance(self.max_error, Mapping):
+            return self.max_error.get(direction)
+        return self.max_error
+
+    def _calibrate_local(self) -> tuple[dict, dict]:
+        plan, measured = {}, {}
         for key, samples in sorted(self._samples.items()):
             if not samples:  # every sample was non-finite: the site keeps its configured default
                 continue
             site, _, direction = key.rpartition("|")
             base = self.config_for(site, direction) or CompressionConfig()  # keeps overrides' other fields
-            res = calibrate(samples, max_bytes_per_element=self.max_bytes_per_element, backend="torch")
+            res = calibrate(samples, max_bytes_per_element=self.max_bytes_per_element,
+                            max_error=self.error_budget(direction), backend="torch")
             plan[key] = base.replace(codec=res.config.codec, group_size=res.config.group_size, hadamard=res.config.hadamard)
-        return plan
+            row = res.table[res.table.chosen].iloc[0]
+            measured[key] = {k: float(row[k]) for k in _MEASURED}
+        return plan, measured
 
     # ------------------------------------------------------------------ persistence
     def plan_dict(self) -> dict:
         """The frozen plan as {"site|direction": config}."""
         return dict(self._plan)
 
+    def plan_table(self):
+        """The plan as a pandas DataFrame, one row per site and direction: the chosen codec,
+        group size and Hadamard, and what calibration measured on the site's samples (wire
+        bytes per element, mean and worst relative L2 error; NaN for a loaded plan saved
+        without them)."""
+        import pandas as pd
+
+        rows = []
+        for key, cfg in sorted(self._plan.items()):
+            site, _, direction = key.rpartition("|")
+            got = self._measured.get(key, {})
+            rows.append(dict(site=site, direction=direction, codec=cfg.codec, group_size=cfg.group_size,
+                             hadamard=cfg.hadamard, **{k: got.get(k, float("nan")) for k in _MEASURED}))
+        return pd.DataFrame(rows, columns=["site", "direction", "codec", "group_size", "hadamard", *_MEASURED])
+
     def save_plan(self, path) -> None:
-        doc = {"version": _PLAN_VERSION, "entries": {k: dataclasses.asdict(c) for k, c in sorted(self._plan.items())}}
+        doc = {"version": _PLAN_VERSION, "entries": {k: dataclasses.asdict(c) for k, c in sorted(self._plan.items())},
+               "measured": dict(sorted(self._measured.items()))}
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
@@ -203,6 +245,10 @@ class CompressionPolicy:
                 if not site or direction not in DIRECTIONS:
                     raise ValueError(f"bad plan key {key!r}")
                 plan[key] = CompressionConfig.from_dict(cfg)
+            measured = doc.get("measured", {})  # plans saved before it was recorded have none
+            if not isinstance(measured, dict) or not all(
+                    isinstance(m, dict) and set(m) <= set(_MEASURED) for m in measured.values()):
+                raise ValueError(f"bad 'measured' section: {measured!r:.200}")
         except (OSError, KeyError, TypeError, AttributeError, json.JSONDecodeError, ValueError) as e:
             raise ValueError(f"cannot load compression plan {os.fspath(path)!r}: {e}") from None
-        self._plan, self._frozen = plan, True
+        self._plan, self._measured, self._frozen = plan, {k: dict(m) for k, m in measured.items()}, True
