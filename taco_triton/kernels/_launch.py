@@ -152,7 +152,11 @@ def _resident_per_sm(compiled, index: int) -> int:
     props = torch.cuda.get_device_properties(index)
     threads = compiled.metadata.num_warps * props.warp_size if hasattr(props, "warp_size") else compiled.metadata.num_warps * 32
     smem = compiled.metadata.shared
-    regs = getattr(compiled, "n_regs", 0) or 255  # known once the module is loaded; 255 is the worst case
+    try:  # registers are known once the module is loaded on the device
+        compiled._init_handles()
+        regs = compiled.n_regs or 255
+    except (AttributeError, RuntimeError):
+        regs = 255  # the worst case: never more programs than can be resident
     limits = [
         getattr(props, "max_threads_per_multi_processor", 2048) // threads,
         getattr(props, "regs_per_multiprocessor", 65536) // max(1, -(-regs * threads // 256) * 256),
