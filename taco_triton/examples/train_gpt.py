@@ -8,8 +8,10 @@ per step and step time side by side; `--csv` writes every logged step. On CPU th
 processes talking over gloo; on a machine with >= tp GPUs they use NCCL.
 
 Modes: none (native bf16 collectives), fp8 (the default config: E4M3, G=128, Hadamard),
-int8 (INT8, G=128, Hadamard), auto (the policy calibrates every site on the first
---calibrate-steps steps, then freezes the plan; saved with --plan).
+int8 (INT8, G=128, Hadamard), int6 (INT6, G=32, Hadamard: 2.56x fewer bytes than bf16),
+int4 (INT4, G=32, Hadamard: 3.76x) in both directions, int4-fwd / int4-bwd (INT4 in the forward
+or the backward collectives only, the other direction native bf16), auto (the policy calibrates
+every site on the first --calibrate-steps steps, then freezes the plan; saved with --plan).
 
 --megatron trains megatron-core's GPTModel instead (TP via megatron, its communication routed
 through taco_triton by `integrations.megatron.enable`; see train_megatron.py); only there
@@ -37,7 +39,7 @@ from taco_triton.examples.gpt import TinyGPT
 from taco_triton.integrations.megatron import AXES  # importing it does not import megatron-core
 from taco_triton.parallel import CompressionPolicy
 
-MODES = ("none", "fp8", "int8", "auto")
+MODES = ("none", "fp8", "int8", "int6", "int4", "int4-fwd", "int4-bwd", "auto")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -50,6 +52,11 @@ def make_policy(mode: str, args) -> CompressionPolicy:
         return CompressionPolicy(default=taco.CompressionConfig(), **common)
     if mode == "int8":
         return CompressionPolicy(default=taco.CompressionConfig(codec="int8"), **common)
+    if mode == "int6":
+        return CompressionPolicy(default=taco.CompressionConfig(codec="int6", group_size=32), **common)
+    if mode in ("int4", "int4-fwd", "int4-bwd"):  # G=32, as int6 (README error table)
+        return CompressionPolicy(default=taco.CompressionConfig(codec="int4", group_size=32),
+                                 forward=mode != "int4-bwd", backward=mode != "int4-fwd", **common)
     if mode == "auto":
         return CompressionPolicy(calibrate_steps=args.calibrate_steps, plan=args.plan, **common)
     raise ValueError(f"--compress modes are {MODES}, got {mode!r}")
