@@ -31,6 +31,7 @@ target (TARGETS below); they are a model, not a measurement.
 Usage:
     python bench/aot.py --quick                       # defaults and key variants, 4 targets
     python bench/aot.py --set ci                      # what tests/test_aot.py checks
+    python bench/aot.py --set subbyte                 # every INT6/INT4 launch, 4 targets
     python bench/aot.py --targets sm_90 --json out.json --csv out.csv
     python bench/aot.py                               # the full table (long: ~3 s per compile)
 """
@@ -152,7 +153,9 @@ def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype) -
 
 def variants(which: str) -> list[Variant]:
     """"ci": the default config and INT8 (each with every launch a run can pick); "quick": the
-    default config and its one-field neighbours; "full": every combination."""
+    default config and its one-field neighbours; "subbyte": every INT6/INT4 config with dual scales
+    (all group sizes, Hadamard on and off, both roundings; bf16, and fp16/fp32 at G=32);
+    "full": every combination."""
     out = []
     default = CompressionConfig()
     for kernel in KERNELS:
@@ -169,6 +172,12 @@ def variants(which: str) -> list[Variant]:
             dtypes = ["u8"] if kernel == "reduce" else ["bf16"]
             extra = [] if kernel == "reduce" else [(default, d) for d in ("fp16", "fp32")]
             pairs = [(c, d) for c in sorted(cfgs, key=str) for d in dtypes] + extra
+        elif which == "subbyte":
+            roundings = ROUNDINGS if _uses_rounding(kernel) else ("nearest",)
+            pairs = [(CompressionConfig(codec=c, group_size=g, hadamard=h, rounding=r), dtype0)
+                     for c, g, h, r in itertools.product(("int6", "int4"), GROUP_SIZES, (True, False), roundings)]
+            if kernel != "reduce":
+                pairs += [(CompressionConfig(codec=c, group_size=32), d) for c in ("int6", "int4") for d in ("fp16", "fp32")]
         else:
             roundings = ROUNDINGS if _uses_rounding(kernel) else ("nearest",)
             pairs = [(CompressionConfig(codec=c, group_size=g, hadamard=h, scales=s, rounding=r), d)
@@ -419,11 +428,12 @@ def run(which: str, targets: list[str], jobs: int) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--set", dest="which", choices=("ci", "quick", "full"), default="full",
-                    help="ci: default and INT8 configs; quick: the default and its one-field neighbours; full: all")
+    ap.add_argument("--set", dest="which", choices=("ci", "quick", "subbyte", "full"), default="full",
+                    help="ci: default and INT8 configs; quick: the default and its one-field neighbours; "
+                         "subbyte: every INT6/INT4 config; full: all")
     ap.add_argument("--quick", dest="which", action="store_const", const="quick", help="same as --set quick")
     ap.add_argument("--targets", default=None,
-                    help=f"comma-separated targets of {sorted(TARGETS)} (default: all; --quick: {','.join(QUICK_TARGETS)})")
+                    help=f"comma-separated targets of {sorted(TARGETS)} (default: all for the full set, else {','.join(QUICK_TARGETS)})")
     ap.add_argument("--json", type=Path, help="write every row as a JSON list")
     ap.add_argument("--csv", type=Path, help="write every row as CSV (with machine, commit and date columns)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes in parallel")

@@ -13,6 +13,10 @@ SHAPES = [(37, 129), (5000,), (3, 4097)]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 CONFIGS = [taco.CompressionConfig(), taco.CompressionConfig(codec="int8"),
            taco.CompressionConfig(codec="fp8_e5m2", hadamard=False, group_size=64)]
+#: The packed sub-byte codecs: INT6 at its recommended G=32 with Hadamard, INT4 without it (G=64)
+SUBBYTE = [taco.CompressionConfig(codec="int6", group_size=32),
+           taco.CompressionConfig(codec="int4", group_size=64, hadamard=False)]
+CONFIG_SETS = {"8bit": CONFIGS, "subbyte": SUBBYTE}
 
 
 def rank_input(rank: int, shape, dtype, seed: int) -> torch.Tensor:
@@ -68,13 +72,14 @@ def two_quantization_bound(inputs: list[torch.Tensor], cfg, out_dtype, op: str) 
     return total
 
 
-def battery(rank: int, world: int, every: int = 1) -> dict:
-    """all_reduce over shapes x dtypes x codecs x (sync sum, async avg); every `every`-th case."""
+def battery(rank: int, world: int, every: int = 1, configs: str = "8bit") -> dict:
+    """all_reduce over shapes x dtypes x codecs of CONFIG_SETS[configs] x (sync sum, async avg);
+    every `every`-th case."""
     report = {"cases": 0, "max_bound_use": 0.0}
     seed = 0
     for shape in SHAPES:
         for dtype in DTYPES:
-            for cfg in CONFIGS:
+            for cfg in CONFIG_SETS[configs]:
                 for op, async_op in (("sum", False), ("avg", True)):
                     seed += 1
                     if (seed - 1) % every:
@@ -99,8 +104,8 @@ def battery(rank: int, world: int, every: int = 1) -> dict:
 def reduce_scatter_and_all_gather(rank: int, world: int) -> dict:
     used = 0.0
     for i, (rows, cols) in enumerate([(3, 384), (1, 1000), (5, 129)]):
-        for dtype in DTYPES:
-            cfg = CONFIGS[i % len(CONFIGS)]
+        for j, dtype in enumerate(DTYPES):
+            cfg = (CONFIGS + SUBBYTE)[(i + 3 * j) % (len(CONFIGS) + len(SUBBYTE))]
             inp = rank_input(rank, (world * rows, cols), dtype, 100 + i)
             out = torch.empty(rows, cols, dtype=dtype)
             taco.reduce_scatter(out, inp, config=cfg, min_bytes=0, pipeline=2)
@@ -168,21 +173,25 @@ def nan_propagates(rank: int, world: int) -> bool:
     return bool(bad[300 // 128]) and int(bad.sum()) == 1 and not bool(groups[~bad].isnan().any())
 
 
-def wire_bytes_ratio(rank: int, world: int) -> dict:
+def wire_bytes_ratio(rank: int, world: int, codec: str = "fp8_e4m3", group_size: int = 128) -> dict:
     x = rank_input(rank, (64, 4096), torch.bfloat16, 11)
     with taco.WireStats() as native:
         taco.all_reduce(x.clone(), config=taco.CompressionConfig(enabled=False))
     with taco.WireStats() as comp:
-        taco.all_reduce(x.clone(), min_bytes=0)
+        taco.all_reduce(x.clone(), min_bytes=0, config=taco.CompressionConfig(codec=codec, group_size=group_size))
     return {"native": native.wire_bytes, "compressed": comp.wire_bytes, "kinds": comp.by_kind()}
 
 
 def triton_backend(rank: int, world: int) -> bool:
     x = rank_input(rank, (3, 4100), torch.bfloat16, 13)
-    a, b = x.clone(), x.clone()
-    taco.all_reduce(a, min_bytes=0, backend="triton", config=taco.CompressionConfig(hadamard=False))
-    taco.all_reduce(b, min_bytes=0, backend="torch", config=taco.CompressionConfig(hadamard=False))
-    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+    same = []
+    for codec, g in (("fp8_e4m3", 128), ("int6", 32)):
+        cfg = taco.CompressionConfig(codec=codec, group_size=g, hadamard=False)
+        a, b = x.clone(), x.clone()
+        taco.all_reduce(a, min_bytes=0, backend="triton", config=cfg)
+        taco.all_reduce(b, min_bytes=0, backend="torch", config=cfg)
+        same.append(torch.equal(a.view(torch.int16), b.view(torch.int16)))
+    return all(same)
 
 
 def mismatched_shapes(rank: int, world: int) -> str:
