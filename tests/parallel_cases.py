@@ -82,6 +82,7 @@ U = 2.0**-24
 L1, L2 = 1.13, 0.8  # sup |gelu'| = 1.1289, sup |gelu''| = 2 phi(0) = 0.7979
 SLACK = 1.01
 FP8, INT8 = taco.CompressionConfig(), taco.CompressionConfig(codec="int8")
+INT6 = taco.CompressionConfig(codec="int6", group_size=32)
 NAMES = ("y", "dx", "dW1", "db1", "dW2", "db2")
 
 
@@ -279,7 +280,7 @@ def _check(name, got, want, B, C, label) -> float:
 
 
 def mlp_battery(rank: int, world: int) -> dict:
-    """Every variant at this P: sp off/on x (policy None, default=None, fp8, int8), plus
+    """Every variant at this P: sp off/on x (policy None, default=None, fp8, int8, int6), plus
     gather_output/scatter (native and fp8). Rank 0 checks bounds; returns a summary."""
     model = dense_model()
     x, gy = data()
@@ -288,12 +289,12 @@ def mlp_battery(rank: int, world: int) -> dict:
     if rank == 0:  # the bound B is sound for the dense FP32 model too (else it would prove nothing)
         d32 = dense_run(model, x, gy, torch.float32)
         report["use"]["dense_fp32"] = max(_check(k, d32[k], ex[k], B[k], 0.0, "dense fp32") for k in NAMES)
-    variants = [(sp, go, mode) for sp in (False, True) for go in (False,) for mode in ("none", "default_none", "fp8", "int8")]
+    variants = [(sp, go, mode) for sp in (False, True) for go in (False,) for mode in ("none", "default_none", "fp8", "int8", "int6")]
     variants += [(False, True, "none"), (False, True, "fp8")]
     native_out = {}
     for sp, go, mode in variants:
         label = f"P{world} sp={sp} gather_output={go} {mode}"
-        cfg = {"fp8": FP8, "int8": INT8}.get(mode)
+        cfg = {"fp8": FP8, "int8": INT8, "int6": INT6}.get(mode)
         policy = None if mode == "none" else RecordingPolicy(default=cfg, min_bytes=0)
         r = tp_run(rank, world, model, x, gy, policy, sp, go)
         fwd_c = [c.compressed for c in r["fwd"].calls]

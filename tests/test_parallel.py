@@ -19,7 +19,7 @@ from .dist_utils import run_ranks
 def test_mlp_matches_dense_reference(world, record_property):
     """Column -> gelu -> Row vs the dense model: y, dx, dW1, db1, dW2, db2 at TP=world, sequence
     parallelism off/on, policy None / default=None (FP32 summation-order bound, elementwise) and fp8 /
-    int8 (format-derived L2 bound, and the error must exceed FP32's), plus gather_output/scatter."""
+    int8 / int6 (format-derived L2 bound, and the error must exceed FP32's), plus gather_output/scatter."""
     reports = run_ranks(cases.mlp_battery, world)
     rep = reports[0]
     assert all(r["init_same_for_any_p"] for r in reports)
@@ -29,7 +29,7 @@ def test_mlp_matches_dense_reference(world, record_property):
     assert f"({world * 4 + 1}, 8)" in e["sp_tokens"] and "fc2.reduce_scatter" in e["sp_tokens"], e["sp_tokens"]
     assert f"({world * 2 + 1}, {cases.H})" in e["sp_layer_tokens"], e["sp_layer_tokens"]
     assert f"= {cases.FFN // world}" in e["row_input"] and "last dim 384" in e["row_input"], e["row_input"]
-    n_variants = 2 * 4 + 2
+    n_variants = 2 * 5 + 2
     assert len(rep["use"]) == n_variants + 1, sorted(rep["use"])
     record_property("max_bound_use", max(rep["use"].values()))
     record_property("compressed_bound_use", rep["comm_share"])
