@@ -6,7 +6,8 @@ For each captured tensor (taco_triton.realdata: all-MiniLM-L6-v2 sharded TP=4, f
 row-parallel partial sums and backward column-parallel input gradients) and each codec config,
 the relative L2 error ||x - x'|| / ||x|| of a bf16 round trip through the torch reference
 backend (the Triton kernels are bit-identical to it without Hadamard, see tests/test_kernels.py);
-then what `calibrate(max_error=...)` picks for all tensors at each error budget.
+then what `calibrate(max_error=...)` picks for all tensors at each error budget (default candidates:
+every codec x G x Hadamard; CSV beside the first, suffix _calibration).
 Error numbers are device-independent; no timings here.
 """
 from __future__ import annotations
@@ -99,12 +100,19 @@ def main(argv=None) -> pd.DataFrame:
           f"at {summary.loc['fp8_e4m3 G128 H (default)', 'ratio_vs_bf16']:.3f}x vs "
           f"{summary.loc['taco_fp32x2 (TACO released)', 'ratio_vs_bf16']:.3f}x compression")
     samples = [x.bfloat16() for x in tensors.values()]
+    picks = []
     for budget in args.budgets:
         res = taco.calibrate(samples, max_error=budget, backend="torch")
         row = res.table[res.table.chosen].iloc[0]
+        picks.append(dict(max_error=budget, codec=row.codec, group_size=row.group_size, hadamard=row.hadamard,
+                          rate_bytes_per_element=row.rate_bytes_per_element, rel_l2_max=row.rel_l2_max,
+                          rel_l2_mean=row.rel_l2_mean, candidates=len(res.table),
+                          machine=df.machine.iloc[0], commit=df.commit.iloc[0], date=df.date.iloc[0]))
         print(f"calibrate(max_error={budget}): {row.codec} G={row.group_size} hadamard={row.hadamard}, "
               f"{row.rate_bytes_per_element:.4f} bytes/element ({2 / row.rate_bytes_per_element:.2f}x vs bf16), "
               f"worst relative L2 error {100 * row.rel_l2_max:.2f}% (mean {100 * row.rel_l2_mean:.2f}%)")
+    if args.csv and picks:
+        pd.DataFrame(picks).to_csv(Path(args.csv).with_name(Path(args.csv).stem + "_calibration.csv"), index=False)
     return df
 
 

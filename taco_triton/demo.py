@@ -37,6 +37,9 @@ DEMO_CONFIGS = [
     taco.CompressionConfig(codec="int8"),
     taco.CompressionConfig(codec="int8", group_size=32),
     taco.CompressionConfig(codec="int8", group_size=512),
+    taco.CompressionConfig(codec="int6", group_size=32),
+    taco.CompressionConfig(codec="int6", group_size=32, hadamard=False),
+    taco.CompressionConfig(codec="int4", group_size=32),
 ]
 
 
@@ -82,7 +85,8 @@ def interpreter_check(x: torch.Tensor) -> None:
     on_gpu = x.is_cuda
     where = "GPU" if on_gpu else "Triton interpreter on CPU (timings are NOT GPU performance)"
     print(f"\n2) Fused Triton kernels, {where}: {tuple(x.shape)} bf16")
-    for cfg in (taco.CompressionConfig(hadamard=False), taco.CompressionConfig(), taco.CompressionConfig(codec="int8")):
+    for cfg in (taco.CompressionConfig(hadamard=False), taco.CompressionConfig(), taco.CompressionConfig(codec="int8"),
+                taco.CompressionConfig(codec="int6", group_size=32)):
         t0 = time.perf_counter()
         c = taco.compress(x, cfg, backend="triton")
         y = taco.decompress(c, backend="triton")
@@ -103,7 +107,8 @@ def _all_reduce_worker(rank: int, world: int, port: int, inputs: dict, queue) ->
             exact = sum(inputs[r][name].double() for r in range(world))
             for label, cfg in (("native bf16", taco.CompressionConfig(enabled=False)),
                                ("fp8_e4m3 G128 H", taco.CompressionConfig()),
-                               ("int8 G128 H", taco.CompressionConfig(codec="int8"))):
+                               ("int8 G128 H", taco.CompressionConfig(codec="int8")),
+                               ("int6 G32 H", taco.CompressionConfig(codec="int6", group_size=32))):
                 t = x.clone()
                 taco.all_reduce(t.clone(), config=cfg, min_bytes=0)  # warm-up
                 dist.barrier()
@@ -157,7 +162,7 @@ def tp_training(quick: bool) -> None:
     steps = 40 if quick else 120
     print(f"\n5) TP=2 training, {steps} steps, same weights and batches per mode (gloo on CPU; the\n"
           "   baseline communicates bf16; CPU step times include the torch reference codec):")
-    _, summary = train_gpt.main(["--tp", "2", "--compress", "none,fp8,int8", "--steps", str(steps),
+    _, summary = train_gpt.main(["--tp", "2", "--compress", "none,fp8,int8,int6", "--steps", str(steps),
                                  "--eval-every", str(steps), "--eval-batches", "4", "--batch", "8", "--seq", "64",
                                  "--hidden", "128", "--ffn", "512", "--data-bytes", str(2 << 20), "--quiet"])
     print("   val_loss_vs_none_%: final validation loss against the uncompressed run; wire_vs_none:\n"
@@ -186,6 +191,11 @@ def main(argv=None) -> None:
     print("\n3) calibrate() on these tensors (max 1.0625 wire bytes per element): top 5 of", len(res.table))
     print(best[["codec", "group_size", "hadamard", "bytes_per_element", "rel_l2_mean", "rel_l2_max"]].to_string(index=False))
     print(f"   chosen: {res.config}")
+    res = taco.calibrate(list(tensors.values()), max_error=0.025, backend="torch")
+    row = res.table[res.table.chosen].iloc[0]
+    print(f"   by error budget, calibrate(max_error=0.025): the fewest bytes whose worst error is <= 2.5%: "
+          f"{row.codec} G={row.group_size} hadamard={row.hadamard}, {row.rate_bytes_per_element:.3f} bytes/element "
+          f"({2 / row.rate_bytes_per_element:.2f}x vs bf16), worst error {100 * row.rel_l2_max:.2f}%")
 
     two_rank_all_reduce(args.quick)
     tp_training(args.quick)

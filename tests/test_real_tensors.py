@@ -62,3 +62,26 @@ def test_findings_2_orderings(table):
     assert bool((w["int8 G128 noH"] >= 3 * w["int8 G128 H"]).all())
     assert bool((w["fp8_e4m3 G128 H (default)"] > w["fp8_e4m3 G128 noH"]).all())
 
+
+
+def test_int6_beats_fp8_default_with_fewer_bytes(table):
+    """INT6, G=32, Hadamard: below the FP8 default's error on every tensor at >= 2.5x vs bf16; INT4 at
+    G=32 >= 3.6x (the ratios are the layout's arithmetic: 2 / (bits/8 + 1/G + 4/4096))."""
+    _, df, wide = table
+    assert bool((wide["int6 G32 H"] < wide["fp8_e4m3 G128 H (default)"]).all())
+    r = df.groupby("config").ratio_vs_bf16.mean()
+    assert r["int6 G32 H"] >= 2.5 and r["int4 G32 H"] >= 3.6
+    assert r["int6 G32 H"] == pytest.approx(2 / (6 / 8 + 1 / 32 + 4 / 4096), rel=1e-3)
+
+
+@pytest.mark.parametrize("budget,codec", [(0.025, "int6"), (0.01, "int8")], ids=["2.5%-int6", "1%-int8"])
+def test_error_budget_calibration_picks(table, budget, codec):
+    """calibrate(max_error=...) over the bench's candidates: INT6 at a 2.5% budget, INT8 at 1%."""
+    import real_tensors
+
+    tensors, _, _ = table
+    res = taco.calibrate([x.bfloat16() for x in tensors.values()], max_error=budget, backend="torch",
+                         candidates=list(real_tensors.CONFIGS.values()))
+    assert res.config.codec == codec, res.table[res.table.chosen]
+    row = res.table[res.table.chosen].iloc[0]
+    assert row.rel_l2_max <= budget
