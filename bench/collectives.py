@@ -81,7 +81,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -96,6 +95,8 @@ for _p in (str(ROOT), str(HERE)):
         sys.path.insert(0, _p)
 
 import torch  # noqa: E402
+
+from taco_triton.examples.ranks import free_port  # noqa: E402
 
 import netns  # noqa: E402  (bench/netns.py)
 
@@ -458,12 +459,6 @@ def rank_main(rank: int, job: dict, port: int) -> None:
                 pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def worker_main(job_path: str) -> int:
     """Inside the namespace: spawn the ranks, wait, and kill the rest if one fails."""
     import torch.multiprocessing as mp
@@ -472,7 +467,7 @@ def worker_main(job_path: str) -> int:
         job = json.load(f)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=rank_main, args=(r, job, port), daemon=True) for r in range(job["world"])]
 
     def _term(signum, frame):

@@ -15,19 +15,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import socket
 import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import taco_triton as taco  # noqa: E402
-from real_tensors import CONFIGS, _commit  # noqa: E402
+from real_tensors import CONFIGS  # noqa: E402
+from taco_triton.examples.ranks import spawn_ranks  # noqa: E402
+from autotune.meta import git_commit  # noqa: E402
 from taco_triton.calibrate import relative_l2  # noqa: E402
 
 NATIVE = taco.CompressionConfig(enabled=False)
@@ -63,29 +63,7 @@ def rank_main(rank: int, world: int, port: int, n_texts: int, max_tokens: int, q
 
 
 def run(world: int, n_texts: int, max_tokens: int) -> pd.DataFrame:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, world, port, n_texts, max_tokens, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        while len(got) < world:
-            try:
-                r, rows = queue.get(timeout=10)
-                got[r] = rows
-            except Exception:  # noqa: BLE001 - queue.Empty: look for ranks that died
-                dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in got]
-                if dead:
-                    raise RuntimeError(f"rank(s) {dead} exited without results") from None
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    got = spawn_ranks(rank_main, world, n_texts, max_tokens, poll_s=10)
     df = pd.DataFrame(got[0])  # every rank holds the same result (the collective is bitwise identical)
     df["wire_vs_bf16"] = df.wire_bytes / df.native_wire_bytes
     return df
@@ -100,7 +78,7 @@ def main(argv=None) -> pd.DataFrame:
     args = ap.parse_args(argv)
     df = run(args.tp, args.n_texts, args.max_tokens)
     df["tp"] = args.tp
-    df["machine"], df["commit"] = platform.node() or "unknown", _commit()
+    df["machine"], df["commit"] = platform.node() or "unknown", git_commit()
     df["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import taco_triton as taco  # noqa: E402
+from autotune.meta import git_commit  # noqa: E402
 from taco_triton.calibrate import relative_l2  # noqa: E402
 
 #: The candidate codecs (TACO's released layout, FP8 and INT8 with and without Hadamard), plus ours: name -> config
@@ -62,14 +62,6 @@ def measure(tensors: dict[str, torch.Tensor], configs=CONFIGS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", default="bench/results/real_tensor_errors.csv", help="output CSV (default: %(default)s)")
@@ -84,7 +76,7 @@ def main(argv=None) -> pd.DataFrame:
     tensors = capture_tp_tensors(tp=4, rank=0, n_texts=args.n_texts, max_tokens=args.max_tokens)
     df = measure(tensors)
     df["machine"] = platform.node() or "unknown"
-    df["commit"] = _commit()
+    df["commit"] = git_commit()
     df["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)

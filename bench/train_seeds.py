@@ -15,22 +15,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from autotune.meta import git_commit  # noqa: E402
 from taco_triton.examples import train_gpt  # noqa: E402
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
@@ -58,6 +50,7 @@ def main(argv=None) -> pd.DataFrame:
     ap.add_argument("--csv", default=None, help="write one row per (mode, seed) here")
     args = ap.parse_args(own)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    commit = git_commit()  # the code that runs, not what HEAD is when the runs end
     rows = []
     for seed in seeds:
         print(f"=== seed {seed}", flush=True)
@@ -68,7 +61,7 @@ def main(argv=None) -> pd.DataFrame:
                              step_ms_median=r.step_ms_median))
     runs = pd.DataFrame(rows)
     runs["args"] = " ".join(passthrough)
-    runs["machine"], runs["commit"] = platform.node() or "unknown", _commit()
+    runs["machine"], runs["commit"] = platform.node() or "unknown", commit
     runs["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)

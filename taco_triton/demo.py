@@ -124,11 +124,9 @@ def _all_reduce_worker(rank: int, world: int, port: int, inputs: dict, queue) ->
 
 
 def two_rank_all_reduce(quick: bool) -> None:
-    import socket
-
     import pandas as pd
-    import torch.multiprocessing as mp
 
+    from taco_triton.examples.ranks import spawn_ranks
     from taco_triton.realdata import capture_tp_tensors, model_available
 
     keep = ["layer2.ffn_out.fwd", "layer2.qkv_in.bwd"]
@@ -138,17 +136,7 @@ def two_rank_all_reduce(quick: bool) -> None:
     else:
         g = torch.Generator().manual_seed(1)
         inputs = [{"synthetic": torch.randn(2048, 384, generator=g).bfloat16()} for _ in range(2)]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_all_reduce_worker, args=(r, 2, port, inputs, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    results = spawn_ranks(_all_reduce_worker, 2, inputs)
     print("\n4) all_reduce of real TP=2 partial sums on 2 gloo ranks (CPU; loopback, no link emulation):")
     print(pd.DataFrame(results[0]).round(3).to_string(index=False))
     print("   wire_MB_per_rank: bytes each rank hands to the process group (ring all-reduce 2(P-1)/P of the\n"

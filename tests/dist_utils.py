@@ -4,18 +4,13 @@ from __future__ import annotations
 import datetime
 import os
 import queue as queue_mod
-import socket
 import time
 import traceback
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from taco_triton.examples.ranks import free_port
 
 
 def _worker(rank, world, port, fn, args, queue, pg_timeout_s):

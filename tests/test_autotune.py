@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 
 from autotune import cache, meta, registry, runtime, show, space, sweep
 from taco_triton.config import CODECS, GROUP_SIZES, CompressionConfig
+from taco_triton.examples.ranks import free_port
 from taco_triton.kernels import _launch
 from taco_triton.layout import WireLayout
 
@@ -393,12 +393,6 @@ def test_no_cuda_call_at_import():
 # --- torch.distributed: every rank runs rank 0's config ----------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _dist_worker(rank: int, world: int, port: int, folder: str) -> None:
     import torch.distributed as dist
 
@@ -431,7 +425,7 @@ def test_distributed_ranks_agree_on_rank0s_config(tmp_path):
 
     _write(tmp_path / "rank0.json", {_key(): (16, 1), _key(4**9): (4, 1)})
     _write(tmp_path / "rank1.json", {_key(): (2, 1), _key(kernel="decompress"): (8, 1), _key(4**9): (2, 1)})
-    ctx = mp.start_processes(_dist_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False,
+    ctx = mp.start_processes(_dist_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 90
     try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import socket
 import time
 
 import torch
@@ -36,6 +35,7 @@ import torch.distributed as dist
 import taco_triton as taco
 from taco_triton.examples.data import TextBatches, stdlib_bytes
 from taco_triton.examples.gpt import TinyGPT
+from taco_triton.examples.ranks import spawn_ranks
 from taco_triton.integrations.megatron import AXES  # importing it does not import megatron-core
 from taco_triton.parallel import CompressionPolicy
 
@@ -158,33 +158,10 @@ def world_size(args) -> int:
 
 def run(mode: str, args) -> list[dict]:
     """Train one mode on tp * pp * dp processes; returns rank 0's logged rows."""
-    import torch.multiprocessing as mp
-
-    world = world_size(args)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=train_rank, args=(r, world, port, mode, args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {}
     try:
-        while len(got) < world:
-            try:
-                r, rows = queue.get(timeout=5)
-                got[r] = rows
-            except Exception:  # noqa: BLE001 - queue.Empty: check for dead ranks
-                dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in got]
-                if dead:
-                    raise RuntimeError(f"rank(s) {dead} of mode {mode!r} exited without results") from None
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return got[0]
+        return spawn_ranks(train_rank, world_size(args), mode, args)[0]
+    except RuntimeError as exc:
+        raise RuntimeError(f"mode {mode!r}: {exc}") from None
 
 
 def summarize(rows: list[dict]):
