@@ -185,7 +185,7 @@ def wire_bytes_ratio(rank: int, world: int, codec: str = "fp8_e4m3", group_size:
 def triton_backend(rank: int, world: int) -> bool:
     x = rank_input(rank, (3, 4100), torch.bfloat16, 13)
     same = []
-    for codec, g in (("fp8_e4m3", 128), ("int6", 32)):
+    for codec, g in (("fp8_e4m3", 128), ("int6", 32), ("int4", 64)):
         cfg = taco.CompressionConfig(codec=codec, group_size=g, hadamard=False)
         a, b = x.clone(), x.clone()
         taco.all_reduce(a, min_bytes=0, backend="triton", config=cfg)

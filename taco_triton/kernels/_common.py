@@ -149,17 +149,25 @@ def store_codes(codes_ptr, code, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.c
                 PACK_K: tl.constexpr):
     """Store a tile's u8 codes [ROWS, G] (integer codes: the int8 of the value) on the wire.
 
-    BITS < 8 (reference.pack_codes): each word of PACK_K codes, code j in bits [j BITS, (j+1) BITS),
-    goes out as its W = PACK_K BITS / 8 little-endian bytes; a group takes G BITS / 8 bytes.
+    BITS < 8 (reference.pack_codes): each word of PACK_K (2 or 4) codes, code j in bits
+    [j BITS, (j+1) BITS), goes out as its W = PACK_K BITS / 8 little-endian bytes; a group takes
+    G BITS / 8 bytes. The codes of a word are taken apart with `tl.split` (neighbours in a row),
+    which keeps them in the thread that holds them.
     """
     if BITS == 8:
         tl.store(codes_ptr + offs, code, mask=row_ok[:, None])
     else:
         W: tl.constexpr = PACK_K * BITS // 8
         NW: tl.constexpr = G // PACK_K
-        c = tl.reshape(code.to(tl.int32) & ((1 << BITS) - 1), [ROWS, NW, PACK_K])
-        shifts = tl.arange(0, PACK_K) * BITS
-        word = tl.sum(c << shifts[None, None, :], axis=2)  # disjoint bit fields: the sum is an OR
+        c = code.to(tl.int32) & ((1 << BITS) - 1)
+        if PACK_K == 2:
+            c0, c1 = tl.split(tl.reshape(c, [ROWS, NW, 2]))
+            word = c0 | (c1 << BITS)
+        else:  # [r, w, i, j] = code 4w + 2i + j
+            even, odd = tl.split(tl.reshape(c, [ROWS, NW, 2, 2]))
+            c0, c2 = tl.split(even)
+            c1, c3 = tl.split(odd)
+            word = c0 | (c1 << BITS) | (c2 << (2 * BITS)) | (c3 << (3 * BITS))
         base = rows[:, None] * (G * BITS // 8) + tl.arange(0, NW)[None, :] * W
         for j in tl.static_range(W):
             tl.store(codes_ptr + base + j, ((word >> (8 * j)) & 0xFF).to(tl.uint8), mask=row_ok[:, None])
@@ -168,7 +176,11 @@ def store_codes(codes_ptr, code, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.c
 @triton.jit
 def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
                PACK_K: tl.constexpr):
-    """A tile's u8 codes [ROWS, G] from the wire, 0 in masked rows (reference.unpack_codes)."""
+    """A tile's u8 codes [ROWS, G] from the wire, 0 in masked rows (reference.unpack_codes).
+
+    BITS < 8: the W bytes of each word of PACK_K codes are loaded and its codes put back in row
+    order with `tl.join` (the inverse of `store_codes`' split: neighbours stay in one thread).
+    """
     if BITS == 8:
         return tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
     else:
@@ -179,8 +191,14 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
         for j in tl.static_range(W):
             word = word | (tl.load(codes_ptr + base + j, mask=row_ok[:, None], other=0).to(tl.int32) << (8 * j))
         # code j to the top of an int32, then an arithmetic shift down sign-extends it
-        up = 32 - BITS - tl.arange(0, PACK_K) * BITS
-        c = (word[:, :, None] << up[None, None, :]) >> (32 - BITS)
+        c0 = (word << (32 - BITS)) >> (32 - BITS)
+        c1 = (word << (32 - 2 * BITS)) >> (32 - BITS)
+        if PACK_K == 2:
+            c = tl.join(c0, c1)
+        else:
+            c2 = (word << (32 - 3 * BITS)) >> (32 - BITS)
+            c3 = (word << (32 - 4 * BITS)) >> (32 - BITS)
+            c = tl.join(tl.join(c0, c2), tl.join(c1, c3))  # [r, w, i, j] = code 4w + 2i + j
         return tl.reshape(c, [ROWS, G]).to(tl.int8).to(tl.uint8, bitcast=True)
 
 
