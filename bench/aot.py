@@ -442,15 +442,17 @@ def main(argv=None) -> int:
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
         ap.error(f"unknown targets {unknown}; known: {sorted(TARGETS)}")
-    rows = run(args.which, targets, args.jobs)
     import pandas as pd
 
     from autotune import meta
 
+    # the commit being compiled, read before the (long) run: edits made meanwhile are not in it
+    commit, started = meta.git_commit(), meta.utc_now()
+    rows = run(args.which, targets, args.jobs)
     df = pd.DataFrame(rows)
     df["triton"] = meta.triton_version()
-    df["commit"] = meta.git_commit()
-    df["date"] = meta.utc_now()
+    df["commit"] = commit
+    df["date"] = started
     if args.json:
         args.json.write_text(json.dumps(json.loads(df.to_json(orient="records")), indent=1))
     if args.csv:

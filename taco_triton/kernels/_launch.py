@@ -96,8 +96,16 @@ def heuristic(kernel: str, config: CompressionConfig) -> dict:
     """A safe default: 4 warps (a 64-row tile is one warpgroup on Hopper), 2 stages (the loads of
     the next tile overlap the current one in the persistent loop). Stochastic rounding carries a
     32-bit random stream and the integer encoder per element: 8 warps halve the registers per
-    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py)."""
-    return {"num_warps": 8 if config.stochastic else 4, "num_stages": 2}
+    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py). Two sub-byte exceptions,
+    also from bench/aot.py: the fused INT6 reduce holds four partial codes per packed word and
+    spills at 4 warps on sm_89 (G=256), so it takes 8; the stochastic INT4 compress spills at 8
+    warps on sm_90 (G=32, no Hadamard) and is as fast or faster at 4 on every target."""
+    warps = 8 if config.stochastic else 4
+    if kernel == "reduce" and config.codec == "int6":
+        warps = 8
+    elif kernel == "compress" and config.codec == "int4" and config.stochastic:
+        warps = 4
+    return {"num_warps": warps, "num_stages": 2}
 
 
 # A context variable, not a module global: a forced block in one thread (the tuner timing a
