@@ -96,15 +96,18 @@ def heuristic(kernel: str, config: CompressionConfig) -> dict:
     """A safe default: 4 warps (a 64-row tile is one warpgroup on Hopper), 2 stages (the loads of
     the next tile overlap the current one in the persistent loop). Stochastic rounding carries a
     32-bit random stream and the integer encoder per element: 8 warps halve the registers per
-    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py). Two sub-byte exceptions,
-    also from bench/aot.py: the fused INT6 reduce holds four partial codes per packed word and
-    spills at 4 warps on sm_89 (G=256), so it takes 8; the stochastic INT4 compress spills at 8
-    warps on sm_90 (G=32, no Hadamard) and is as fast or faster at 4 on every target."""
+    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py).
+
+    The sub-byte codecs differ, by the same model over every target (sm_80 .. sm_120, gfx942,
+    gfx950): the stochastic INT4 compress spills at 8 warps (sm_90, G=32) and is as fast or faster
+    at 4 everywhere; the fused INT6 reduce, stochastic or not, spills nowhere at 4 warps except
+    round-to-nearest at G=256 (8 bytes on sm_86/sm_89), which spills nowhere at 8 (while G=128
+    does at 8)."""
     warps = 8 if config.stochastic else 4
-    if kernel == "reduce" and config.codec == "int6":
-        warps = 8
-    elif kernel == "compress" and config.codec == "int4" and config.stochastic:
+    if kernel == "compress" and config.codec == "int4" and config.stochastic:
         warps = 4
+    elif kernel == "reduce" and config.codec == "int6":
+        warps = 8 if (config.group_size == 256 and not config.stochastic) else 4
     return {"num_warps": warps, "num_stages": 2}
 
 
