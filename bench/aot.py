@@ -333,7 +333,9 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
     body = asm.split(".Lfunc_end")[0]
     instrs, labels = [], {}
     for line in body.splitlines():
-        t = line.strip()
+        # a label often carries a comment ("; %loop_header"): without it the label is not seen, the
+        # loop's back-edge has no target, and the loop body is missed
+        t = line.split(";", 1)[0].strip()
         if re.match(r"^\.?L?[A-Za-z0-9_$.]+:$", t) and not t.startswith(".amdhsa"):
             labels[t[:-1]] = len(instrs)
             continue

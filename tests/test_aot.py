@@ -53,3 +53,41 @@ def test_hopper_bounds_meet_the_goals(rows):
         else:
             assert r["pct_copy_bw_bound"] >= REDUCE_MIN_PCT, (_id(r), r["pct_copy_bw_bound"])
         assert r["mma_per_elem"] > 0 or r["kernel"] == "reduce", f"{_id(r)} lost its tensor-core transform"
+
+
+def _aot_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("taco_bench_aot", ROOT / "bench" / "aot.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_amd_analysis_sees_a_loop_whose_label_carries_a_comment():
+    """LLVM writes loop headers as `.LBB0_1:  ; %loop`: the label must still close the loop, or
+    the loop body is missed and the instructions per element come out far too low."""
+    from types import SimpleNamespace
+
+    aot = _aot_module()
+    asm = "\n".join([
+        "\ts_load_dwordx2 s[0:1], s[0:1], 0x0",
+        "\ts_mov_b32 s2, 0",
+        ".LBB0_1:                                ; %loop",
+        "\t\t\t\t\t\t; =>This Inner Loop Header: Depth=1",
+        "\tglobal_load_dword v1, v0, s[0:1]",
+        "\tv_add_f32_e32 v1, v1, v1          ; doubled",
+        "\tglobal_store_dword v0, v1, s[0:1]",
+        "\ts_add_i32 s2, s2, 1",
+        "\ts_cmp_lt_i32 s2, 8",
+        "\ts_cbranch_scc1 .LBB0_1",
+        "\ts_endpgm",
+        ".Lfunc_end0:",
+        "\t.vgpr_count:     2",
+    ])
+    kernel = SimpleNamespace(asm={"amdgcn": asm}, metadata=SimpleNamespace(shared=0))
+    a = aot.analyze_hip(kernel, aot.TARGETS["gfx942"])
+    assert a["loops"] == 1
+    assert a["instr_per_tile"] == 6  # the loop body: load, add, store, counter, compare, branch
+    assert a["static_instr"] == 9 and a["regs"] == 2
