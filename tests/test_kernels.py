@@ -177,3 +177,33 @@ def test_int64_offsets_beyond_2_pow_31():
     assert torch.equal(got_sb[sb0:].cpu(), w_sb) and torch.equal(got_g[g0:].cpu(), w_g)
     y = taco.decompress(c)
     assert torch.equal(y[start:].cpu(), ref.decompress_reference(want, tail.numel(), cfg, x.dtype))
+
+
+def test_int6_codes_move_as_words_when_aligned_and_as_bytes_otherwise():
+    """Aligned INT6 codes move as 32-bit words (16 codes in three words), codes at an address
+    that is not a multiple of 4 byte by byte; both write and read the same wire bytes."""
+    from taco_triton.kernels._common import codec_constexprs
+    from taco_triton.kernels._launch import heuristic, target_of
+    from taco_triton.kernels.compress import compress_launch
+    from taco_triton.kernels.decompress import decompress_launch
+
+    cfg = taco.CompressionConfig(codec="int6", group_size=32, hadamard=False)
+    x = make_input("outliers", (24, 96), torch.bfloat16).to(DEVICE)
+    lay = WireLayout.of(x.numel(), cfg)
+    wire = taco.compress(x, cfg, backend="triton").data
+    assert codec_constexprs(cfg.spec, wire.data_ptr())["PACK_K"] == 16
+    assert torch.equal(wire.cpu(), ref.compress_reference(x.cpu(), cfg))
+    codes, a, b = lay.split(wire)
+
+    raw = torch.zeros(lay.scale_a_offset + 3, dtype=torch.uint8, device=DEVICE)
+    odd = raw[3:]  # codes at an address = 3 (mod 4)
+    assert odd.data_ptr() % 4 == 3 and codec_constexprs(cfg.spec, odd.data_ptr())["PACK_K"] == 4
+    a2, b2 = torch.empty_like(a), torch.empty_like(b)
+    target = target_of(x.device)
+    compress_launch(x, odd, a2, b2, x.numel(), cfg, target, heuristic("compress", cfg), x.device).run()
+    assert torch.equal(odd, codes.reshape(-1)) and torch.equal(a2, a) and torch.equal(b2, b)
+
+    want = taco.decompress(taco.compress(x, cfg, backend="torch"), backend="torch")
+    out = torch.empty_like(x)
+    decompress_launch(odd, a2, b2, out, x.numel(), cfg, target, heuristic("decompress", cfg), x.device).run()
+    assert torch.equal(out, want)

@@ -63,7 +63,7 @@ def compress_launch(x, codes, a, b, numel: int, config: CompressionConfig, targe
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
     meta = launch_meta(
         target, x.dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
-        **codec_constexprs(config.spec), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+        **codec_constexprs(config.spec, codes.data_ptr()), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
         ROUND=int(STOCHASTIC) if config.stochastic else 0,
     )
     meta["OP16"] = op16

@@ -56,7 +56,7 @@ def decompress_launch(codes, a, b, out, numel: int, config: CompressionConfig, t
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
     meta = launch_meta(
         target, out.dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
-        **codec_constexprs(config.spec), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+        **codec_constexprs(config.spec, codes.data_ptr()), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
         OVERFLOW=inf_above != math.inf,
     )
     meta["OP16"] = op16

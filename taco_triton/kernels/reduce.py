@@ -86,11 +86,12 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
                   device: torch.device | None = None, inf_above: float = math.inf) -> Launch:
     """The launch that sums n_ranks wire buffers (element strides `strides` of codes, a, b per rank)."""
     layout = WireLayout.of(numel, config)
+    code_addresses = (in_c.data_ptr(), strides[0]) + (() if dense else (o_c.data_ptr(),))
     h, h16 = hadamard_tables(config.group_size, 1.0, torch.float32, device, shaped=device is None)
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
     meta = launch_meta(
         target, torch.float32, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size,
-        SBT=SB_PER_TILE, **codec_constexprs(config.spec), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+        SBT=SB_PER_TILE, **codec_constexprs(config.spec, *code_addresses), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
         ROUND=int(STOCHASTIC) if config.stochastic else 0, DENSE=dense, OVERFLOW=inf_above != math.inf,
     )
     out_max = torch.finfo(target_out.dtype).max if dense else 0.0
