@@ -92,22 +92,32 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
     }
 
 
+#: Warp counts of the sub-byte kernels: (kernel, codec, stochastic, G, Hadamard, warps), the first
+#: matching rule wins, None matches anything. Chosen with bench/aot.py over all eight targets
+#: (sm_80 .. sm_120, gfx942, gfx950): the count that spills nowhere, the faster one where both
+#: are clean. What the other count did is noted per rule.
+SUBBYTE_WARPS = (
+    ("compress", "int4", True, None, None, 4),    # 8 spill on sm_90 (G=32, no Hadamard)
+    ("compress", "int6", True, 512, None, 8),     # 4 spill on sm_100 (Hadamard)
+    ("compress", "int6", True, None, None, 4),    # 8 spill on sm_100 (G=64, Hadamard)
+    ("decompress", "int6", None, 32, True, 8),    # 4 spill 8 B on sm_120
+    ("reduce", "int6", False, 512, None, 8),      # 4 spill 8 B on sm_86/sm_89
+    ("reduce", "int6", None, None, None, 4),      # 8 no faster anywhere, slower on sm_90
+)
+
+
 def heuristic(kernel: str, config: CompressionConfig) -> dict:
     """A safe default: 4 warps (a 64-row tile is one warpgroup on Hopper), 2 stages (the loads of
     the next tile overlap the current one in the persistent loop). Stochastic rounding carries a
     32-bit random stream and the integer encoder per element: 8 warps halve the registers per
-    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py).
-
-    The sub-byte codecs differ, by the same model over every target (sm_80 .. sm_120, gfx942,
-    gfx950): the stochastic INT4 compress spills at 8 warps (sm_90, G=32) and is as fast or faster
-    at 4 everywhere; the fused INT6 reduce, stochastic or not, spills nowhere at 4 warps except
-    round-to-nearest at G=256 (8 bytes on sm_86/sm_89), which spills nowhere at 8 (while G=128
-    does at 8)."""
+    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py). The sub-byte kernels
+    follow `SUBBYTE_WARPS`."""
     warps = 8 if config.stochastic else 4
-    if kernel == "compress" and config.codec == "int4" and config.stochastic:
-        warps = 4
-    elif kernel == "reduce" and config.codec == "int6":
-        warps = 8 if (config.group_size == 256 and not config.stochastic) else 4
+    for k, codec, stochastic, g, hadamard, w in SUBBYTE_WARPS:
+        if (k == kernel and codec == config.codec and stochastic in (None, config.stochastic)
+                and g in (None, config.group_size) and hadamard in (None, config.hadamard)):
+            warps = w
+            break
     return {"num_warps": warps, "num_stages": 2}
 
 
