@@ -152,7 +152,7 @@ def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype) -
 
 
 def variants(which: str) -> list[Variant]:
-    """"ci": the default config and INT8 (each with every launch a run can pick); "quick": the
+    """"ci": the default config, INT8 and INT6 at G=32 (each with every launch a run can pick); "quick": the
     default config and its one-field neighbours; "subbyte": every INT6/INT4 config with dual scales
     (all group sizes, Hadamard on and off, both roundings; bf16, and fp16/fp32 at G=32);
     "full": every combination."""
@@ -161,7 +161,8 @@ def variants(which: str) -> list[Variant]:
     for kernel in KERNELS:
         dtype0 = "u8" if kernel == "reduce" else "bf16"
         if which == "ci":
-            pairs = [(default, dtype0), (default.replace(codec="int8"), dtype0)]
+            pairs = [(default, dtype0), (default.replace(codec="int8"), dtype0),
+                     (default.replace(codec="int6", group_size=32), dtype0)]
         elif which == "quick":
             cfgs = {default, default.replace(codec="int8"), default.replace(codec="fp8_e5m2"),
                     default.replace(hadamard=False), default.replace(codec="int8", hadamard=False),
@@ -431,7 +432,7 @@ def run(which: str, targets: list[str], jobs: int) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--set", dest="which", choices=("ci", "quick", "subbyte", "full"), default="full",
-                    help="ci: default and INT8 configs; quick: the default and its one-field neighbours; "
+                    help="ci: default, INT8 and INT6 G=32 configs; quick: the default and its one-field neighbours; "
                          "subbyte: every INT6/INT4 config; full: all")
     ap.add_argument("--quick", dest="which", action="store_const", const="quick", help="same as --set quick")
     ap.add_argument("--targets", default=None,

@@ -1,11 +1,13 @@
 """The compile-time performance model (bench/aot.py) as a gate: before any GPU runs a change.
 
-Every default launch (and every launch a shipped tuned file can choose) of the default config
-and of INT8 must compile for A100 (sm_80), L40S (sm_89), H100/H200 (sm_90) and MI300 (gfx942)
-with no register spills, and on sm_90 the model's bounds must stay at the goals: compress and
-decompress limited by memory alone (100% of copy bandwidth) at <= 0.4 warp-instructions per
-element, the fused reduce (both outputs) >= 85%. A change that makes a kernel slower by this
-model fails here. The compiler runs in a subprocess: this process runs Triton's interpreter.
+Every default launch (and every launch a shipped tuned file can choose) of the default config,
+of INT8 and of INT6 at G=32 must compile for A100 (sm_80), L40S (sm_89), H100/H200 (sm_90) and
+MI300 (gfx942) with no register spills, and on sm_90 the model's bounds must stay at the goals:
+compress and decompress limited by memory alone (100% of copy bandwidth) at <= 0.4
+warp-instructions per element, the fused reduce (both outputs) >= 85%; INT6, whose codes move as
+32-bit words of 16 codes, compress >= 95%, decompress and the reduce to dense 100%, the fused
+reduce >= 55%. A change that makes a kernel slower by this model fails here. The compiler runs
+in a subprocess: this process runs Triton's interpreter.
 """
 import json
 import os
@@ -18,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 COMPRESS_DECOMPRESS_MAX_INSTR = 0.4
 REDUCE_MIN_PCT = 85.0
+INT6_MIN_PCT = {"compress": 95.0, "decompress": 100.0, "reduce": 55.0, "reduce_dense": 100.0}
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +48,18 @@ def test_every_ci_launch_compiles_without_spills(rows):
 
 def test_hopper_bounds_meet_the_goals(rows):
     for r in rows:
-        if r["target"] != "sm_90" or r["num_warps"] != 4:
+        if r["target"] != "sm_90":
             continue
-        if r["kernel"] in ("compress", "decompress"):
+        if r["codec"] == "int6":  # the launch the heuristic picks (no tuned file has INT6 yet)
+            assert r["pct_copy_bw_bound"] >= INT6_MIN_PCT[r["kernel"]], (_id(r), r["pct_copy_bw_bound"])
+        elif r["num_warps"] != 4:
+            continue
+        elif r["kernel"] in ("compress", "decompress"):
             assert r["pct_copy_bw_bound"] == 100.0, _id(r)
             assert r["instr_per_elem"] <= COMPRESS_DECOMPRESS_MAX_INSTR, (_id(r), r["instr_per_elem"])
         else:
             assert r["pct_copy_bw_bound"] >= REDUCE_MIN_PCT, (_id(r), r["pct_copy_bw_bound"])
         assert r["mma_per_elem"] > 0 or r["kernel"] == "reduce", f"{_id(r)} lost its tensor-core transform"
-
 
 def _aot_module():
     import importlib.util
