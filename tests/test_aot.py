@@ -62,12 +62,19 @@ def test_hopper_bounds_meet_the_goals(rows):
         assert r["mma_per_elem"] > 0 or r["kernel"] == "reduce", f"{_id(r)} lost its tensor-core transform"
 
 def _aot_module():
+    """bench/aot.py imported here for its pure functions. Importing it drops TRITON_INTERPRET (the
+    tool compiles), which this process still needs: it is put back."""
     import importlib.util
 
+    interpret = os.environ.get("TRITON_INTERPRET")
     spec = importlib.util.spec_from_file_location("taco_bench_aot", ROOT / "bench" / "aot.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        if interpret is not None:
+            os.environ["TRITON_INTERPRET"] = interpret
     return mod
 
 
