@@ -207,3 +207,23 @@ def test_int6_codes_move_as_words_when_aligned_and_as_bytes_otherwise():
     out = torch.empty_like(x)
     decompress_launch(odd, a2, b2, out, x.numel(), cfg, target, heuristic("decompress", cfg), x.device).run()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("g", [256, 512])
+@pytest.mark.parametrize("kind", ["constant", "random_sign"])
+def test_two_stage_hadamard_of_values_near_the_fp32_maximum_stays_finite(g, kind):
+    """G = 256, 512 transform in two stages; 16 same-sign inputs of 1e38 summed by a +-1 first
+    stage overflowed to Inf and the whole group decompressed to NaN. Finite inputs give finite
+    outputs within the format's L2 bound."""
+    from taco_triton import bounds
+
+    gen = torch.Generator().manual_seed(g)
+    x = torch.full((4, g), 1e38, dtype=torch.float32)
+    if kind == "random_sign":
+        x = x * (torch.randint(0, 2, x.shape, generator=gen) * 2 - 1) * torch.rand(x.shape, generator=gen).add(0.5)
+    cfg = taco.CompressionConfig(codec="int8", group_size=g)
+    c = taco.compress(x.to(DEVICE), cfg, backend="triton")
+    out = taco.decompress(c, backend="triton").cpu()
+    assert bool(torch.isfinite(out).all())
+    c_cpu = taco.Compressed(c.data.cpu(), c.shape, c.dtype, c.config)
+    assert float((out.double() - x.double()).norm()) <= bounds.l2_error_bound(x, c_cpu, x.dtype, U_DOT_HERE)

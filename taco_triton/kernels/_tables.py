@@ -25,8 +25,11 @@ def hadamard_tables(g: int, scale: float, dtype: torch.dtype, device, shaped: bo
     """(h, h16): the tables of the transform x -> x (scale * H_G).
 
     G <= 128: h = scale * H_G in `dtype` (exact: scale is a power of two); h16 is h again (unused).
-    G = 256, 512: H_G = H_(G/16) (x) H_16; h16 = H_16 in `dtype` for the first stage (applied to
-    the 16-bit input, exact) and h = scale * H_(G/16) in FP32 for the second (applied to FP32 sums).
+    G = 256, 512: H_G = H_(G/16) (x) H_16; h16 = H_16 / 16 in `dtype` for the first stage
+    (applied to the 16-bit input: exact, a power of two) and h = 16 * scale * H_(G/16) in FP32 for
+    the second (applied to FP32 sums). The 1/16 keeps the first stage's sums within the input's
+    largest magnitude: with a +-1 table, 16 inputs near FP32's maximum (any finite value above
+    2^124) summed to Inf and the group came out non-finite.
     """
     if g <= 128:
         if shaped:
@@ -35,4 +38,5 @@ def hadamard_tables(g: int, scale: float, dtype: torch.dtype, device, shaped: bo
         return h, h
     if shaped:
         return ShapedPointer(torch.float32), ShapedPointer(dtype)
-    return _table(g // 16, scale, torch.float32, torch.device(device)), _table(16, 1.0, dtype, torch.device(device))
+    return (_table(g // 16, 16.0 * scale, torch.float32, torch.device(device)),
+            _table(16, 1.0 / 16, dtype, torch.device(device)))
