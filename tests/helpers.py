@@ -1,8 +1,11 @@
 """Shared test helpers: devices, input generators, readable ids."""
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -60,3 +63,13 @@ def make_input(kind: str, shape, dtype: torch.dtype, seed: int = 0, magnitude: f
     big = torch.finfo(dtype).max
     x = x / x.abs().max().clamp_min(1e-300) * min(magnitude, big)
     return x.clamp(-big, big).to(dtype).to(DEVICE)
+
+
+def load_script(path: Path, name: str | None = None):
+    """A script outside the package (bench/, notebooks/) imported as a module, registered in
+    sys.modules (its dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod

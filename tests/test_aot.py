@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPRESS_DECOMPRESS_MAX_INSTR = 0.4
 REDUCE_MIN_PCT = 85.0
@@ -61,21 +63,16 @@ def test_hopper_bounds_meet_the_goals(rows):
             assert r["pct_copy_bw_bound"] >= REDUCE_MIN_PCT, (_id(r), r["pct_copy_bw_bound"])
         assert r["mma_per_elem"] > 0 or r["kernel"] == "reduce", f"{_id(r)} lost its tensor-core transform"
 
+
 def _aot_module():
     """bench/aot.py imported here for its pure functions. Importing it drops TRITON_INTERPRET (the
     tool compiles), which this process still needs: it is put back."""
-    import importlib.util
-
     interpret = os.environ.get("TRITON_INTERPRET")
-    spec = importlib.util.spec_from_file_location("taco_bench_aot", ROOT / "bench" / "aot.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
     try:
-        spec.loader.exec_module(mod)
+        return load_script(ROOT / "bench" / "aot.py", "taco_bench_aot")
     finally:
         if interpret is not None:
             os.environ["TRITON_INTERPRET"] = interpret
-    return mod
 
 
 def test_amd_analysis_sees_a_loop_whose_label_carries_a_comment():

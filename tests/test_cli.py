@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,14 +14,13 @@ import torch
 import taco_triton as taco
 from autotune import show
 
+from .helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(relpath: str):
-    spec = importlib.util.spec_from_file_location(Path(relpath).stem, ROOT / relpath)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / relpath)
 
 
 def test_show_on_a_fresh_machine_says_nothing_is_tuned_and_succeeds(tmp_path, monkeypatch, capsys):

@@ -182,7 +182,7 @@ def test_int64_offsets_beyond_2_pow_31():
 def test_int6_codes_move_as_words_when_aligned_and_as_bytes_otherwise():
     """Aligned INT6 codes move as 32-bit words (16 codes in three words), codes at an address
     that is not a multiple of 4 byte by byte; both write and read the same wire bytes."""
-    from taco_triton.kernels._common import codec_constexprs
+    from taco_triton.kernels._common import INT6_WORD_CODES, codec_constexprs
     from taco_triton.kernels._launch import heuristic, target_of
     from taco_triton.kernels.compress import compress_launch
     from taco_triton.kernels.decompress import decompress_launch
@@ -191,13 +191,13 @@ def test_int6_codes_move_as_words_when_aligned_and_as_bytes_otherwise():
     x = make_input("outliers", (24, 96), torch.bfloat16).to(DEVICE)
     lay = WireLayout.of(x.numel(), cfg)
     wire = taco.compress(x, cfg, backend="triton").data
-    assert codec_constexprs(cfg.spec, wire.data_ptr())["PACK_K"] == 16
+    assert codec_constexprs(cfg.spec, wire.data_ptr())["PACK_K"] == INT6_WORD_CODES.value
     assert torch.equal(wire.cpu(), ref.compress_reference(x.cpu(), cfg))
     codes, a, b = lay.split(wire)
 
     raw = torch.zeros(lay.scale_a_offset + 3, dtype=torch.uint8, device=DEVICE)
     odd = raw[3:]  # codes at an address = 3 (mod 4)
-    assert odd.data_ptr() % 4 == 3 and codec_constexprs(cfg.spec, odd.data_ptr())["PACK_K"] == 4
+    assert odd.data_ptr() % 4 == 3 and codec_constexprs(cfg.spec, odd.data_ptr())["PACK_K"] == ref.packing(6)[0]
     a2, b2 = torch.empty_like(a), torch.empty_like(b)
     target = target_of(x.device)
     compress_launch(x, odd, a2, b2, x.numel(), cfg, target, heuristic("compress", cfg), x.device).run()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9]*.ipynb"))
@@ -27,10 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _run_all():
-    spec = importlib.util.spec_from_file_location("taco_notebooks_run_all", NB_DIR / "run_all.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(NB_DIR / "run_all.py", "taco_notebooks_run_all")
 
 
 def _digest(paths) -> dict:

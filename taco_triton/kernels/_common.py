@@ -32,7 +32,8 @@ TINY_SCALE: tl.constexpr = tl.constexpr(2.0**64)
 
 
 #: INT6 codes moved as 32-bit words: 16 codes in three words (instead of 4 codes in three bytes).
-INT6_WORD_CODES = 16
+#: As PACK_K it selects the word path in `store_codes` / `load_codes`.
+INT6_WORD_CODES: tl.constexpr = tl.constexpr(16)
 
 
 def codec_constexprs(spec: CodecSpec, *code_addresses: int) -> dict:
@@ -46,7 +47,7 @@ def codec_constexprs(spec: CodecSpec, *code_addresses: int) -> dict:
     """
     pack_k = packing(spec.bits)[0]
     if spec.bits == 6 and code_addresses and all(int(a) % 4 == 0 for a in code_addresses):
-        pack_k = INT6_WORD_CODES
+        pack_k = INT6_WORD_CODES.value
     return {
         "CODEC": CODEC_IDS[spec.name], "CODE_MAX": spec.code_max, "MBITS": spec.mbits,
         "EMIN": spec.emin, "SUB": 2.0 ** (spec.emin - spec.mbits), "BITS": spec.bits,
@@ -238,7 +239,7 @@ def store_codes(codes_ptr, code, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.c
     """
     if BITS == 8:
         tl.store(codes_ptr + offs, code, mask=row_ok[:, None])
-    elif PACK_K == 16:
+    elif PACK_K == INT6_WORD_CODES:
         _store_int6_words(codes_ptr, code, rows, row_ok, ROWS, G)
     else:
         W: tl.constexpr = PACK_K * BITS // 8
@@ -267,7 +268,7 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
     """
     if BITS == 8:
         return tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
-    elif PACK_K == 16:
+    elif PACK_K == INT6_WORD_CODES:
         return _load_int6_words(codes_ptr, rows, row_ok, ROWS, G)
     else:
         W: tl.constexpr = PACK_K * BITS // 8
