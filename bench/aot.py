@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import dataclasses
 import itertools
 import json
 import os

@@ -1,7 +1,6 @@
 """Regressions of an adversarial user's findings outside the collectives: strict config types,
 calibration budgets and samples, byte-format validation, policy arguments, the interpreter's
 bf16 subnormals. Each test is named for the behaviour that failed before the fix."""
-import dataclasses
 
 import numpy as np
 import pytest

@@ -5,7 +5,6 @@ compressed (INT8 for TP and PP, the gradient default INT8 + Hadamard + stochasti
 from __future__ import annotations
 
 import pytest
-import torch
 
 import taco_triton as taco
 

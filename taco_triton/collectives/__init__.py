@@ -3,4 +3,4 @@ from ._pg import WireCall, WireStats
 from .compressed import DEFAULT_MIN_BYTES, Pending, all_gather, all_reduce, reduce_scatter
 from . import p2p  # compressed point-to-point messages: p2p.isend / p2p.irecv
 
-__all__ = ["DEFAULT_MIN_BYTES", "Pending", "WireCall", "WireStats", "all_gather", "all_reduce", "reduce_scatter"]
+__all__ = ["DEFAULT_MIN_BYTES", "Pending", "WireCall", "WireStats", "all_gather", "all_reduce", "p2p", "reduce_scatter"]

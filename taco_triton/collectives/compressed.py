@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.distributed as dist

@@ -40,8 +40,6 @@ import time
 
 import torch
 
-import taco_triton as taco
-
 VOCAB = 256
 
 
