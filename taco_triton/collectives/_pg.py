@@ -1,12 +1,15 @@
-"""Process-group plumbing: torch-version shims, wire-byte accounting, rank-agreement checks.
+"""Process-group plumbing: torch-version shims, wire-byte accounting, rank-agreement checks,
+a clean interpreter exit after gloo collectives.
 
 Every byte the collectives hand to torch.distributed goes through the functions here, so
 `WireStats` sees exactly what was passed to the process group.
 """
 from __future__ import annotations
 
+import atexit
 import struct
 import threading
+import time
 import zlib
 from dataclasses import dataclass, field
 
@@ -77,6 +80,33 @@ def _record(kind: str, buffer_bytes: int, wire_bytes: float, compressed: bool) -
         ws.calls.append(WireCall(kind, buffer_bytes, wire_bytes, compressed))
 
 
+#: How long the interpreter waits at exit, with the GIL released, once a CPU collective ran.
+EXIT_GRACE_S = 0.05
+_exit_grace_registered = False
+
+
+def _let_gloo_workers_finish() -> None:
+    time.sleep(EXIT_GRACE_S)
+
+
+def guard_exit(t: torch.Tensor) -> None:
+    """Before a collective on CPU tensors (gloo): make sure the process exits cleanly.
+
+    A gloo worker thread drops its references to an op's tensors just after the op completes,
+    and dropping a tensor that Python has seen takes the GIL. If the interpreter is already
+    finalizing by then, Python ends that thread inside a C++ destructor and the process aborts
+    ("terminate called without an active exception", SIGABRT) although all work is done. That
+    happens when the process group outlives `destroy_process_group` (DTensor keeps references
+    to it) and the main thread runs from its last collective to the end of the script without
+    releasing the GIL. An exit handler that sleeps 50 ms, GIL released, lets the worker finish
+    first. Registered once, on the first CPU collective; nothing for CUDA tensors (NCCL).
+    """
+    global _exit_grace_registered
+    if not _exit_grace_registered and t.device.type == "cpu":
+        atexit.register(_let_gloo_workers_finish)
+        _exit_grace_registered = True
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -84,18 +114,21 @@ def _nbytes(t: torch.Tensor) -> int:
 def all_reduce(t, op, group, async_op, compressed=False):
     p = dist.get_world_size(group)
     _record("all_reduce", _nbytes(t), 2 * (p - 1) / p * _nbytes(t), compressed)
+    guard_exit(t)
     return dist.all_reduce(t, op=op, group=group, async_op=async_op)
 
 
 def reduce_scatter(out, inp, op, group, async_op):
     p = dist.get_world_size(group)
     _record("reduce_scatter", _nbytes(inp), (p - 1) / p * _nbytes(inp), False)
+    guard_exit(inp)
     return _REDUCE_SCATTER(out, inp, op=op, group=group, async_op=async_op)
 
 
 def all_gather(out, inp, group, async_op, compressed=False):
     p = dist.get_world_size(group)
     _record("all_gather", _nbytes(inp), (p - 1) * _nbytes(inp), compressed)
+    guard_exit(inp)
     return _ALL_GATHER(out, inp, group=group, async_op=async_op)
 
 
@@ -103,6 +136,7 @@ def all_to_all(out, inp, out_splits, in_splits, group, async_op):
     rank = dist.get_rank(group)
     sent = sum(s for j, s in enumerate(in_splits) if j != rank)  # what leaves this rank
     _record("all_to_all", _nbytes(inp), float(sent), True)
+    guard_exit(inp)
     return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
 
 
@@ -124,6 +158,7 @@ def agree(what: str, signature: tuple, device, group) -> None:
     """
     p = dist.get_world_size(group)
     mine = torch.tensor([fingerprint(signature)], dtype=torch.int64, device=device)
+    guard_exit(mine)
     every = torch.empty(p, dtype=torch.int64, device=device)
     for ws in getattr(_stats, "stack", ()):
         ws.fingerprint_bytes += (p - 1) * _nbytes(mine)

@@ -63,6 +63,7 @@ def record_send(buffer: torch.Tensor, compressed: bool) -> None:
     """Count a message this rank sends in the active `WireStats` (its bytes, once)."""
     n = buffer.numel() * buffer.element_size()
     _pg._record("send", n, float(n), compressed)
+    _pg.guard_exit(buffer)
 
 
 class _DecodeOnWait:
@@ -97,6 +98,7 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
           min_bytes: int | None = None, backend: str = "auto"):
     """Like `dist.irecv` into `tensor`; the sender must pass the same config and min_bytes.
     The returned Work's `wait()` leaves the decompressed message in `tensor`."""
+    _pg.guard_exit(tensor)
     if should_compress(tensor, config, min_bytes, backend):
         wire = wire_like(tensor, config)
         return _DecodeOnWait(dist.irecv(wire, src, group=group), wire, tensor, config, backend)
