@@ -98,8 +98,8 @@ def guard_exit(t: torch.Tensor) -> None:
     ("terminate called without an active exception", SIGABRT) although all work is done. That
     happens when the process group outlives `destroy_process_group` (DTensor keeps references
     to it) and the main thread runs from its last collective to the end of the script without
-    releasing the GIL. An exit handler that sleeps 50 ms, GIL released, lets the worker finish
-    first. Registered once, on the first CPU collective; nothing for CUDA tensors (NCCL).
+    releasing the GIL. An exit handler that sleeps `EXIT_GRACE_S`, GIL released, lets the worker
+    finish first. Registered once, on the first CPU collective; nothing for CUDA tensors (NCCL).
     """
     global _exit_grace_registered
     if not _exit_grace_registered and t.device.type == "cpu":
