@@ -1,5 +1,8 @@
 """Runtime lookup of tuned launch parameters: what `taco_triton.kernels._launch` calls per launch.
 
+Importing this module registers `lookup` with the kernels (`_launch.register_tuned_lookup`);
+`import taco_triton` imports it, so every launch on a GPU consults it.
+
     lookup(kernel, device, dtype, config, numel) -> {"num_warps": .., "num_stages": ..} | None
 
 None means "no tuned config": the caller uses its heuristic. TACO_AUTOTUNE selects the mode:
@@ -39,6 +42,7 @@ import torch
 
 from taco_triton import env
 from taco_triton.config import CompressionConfig
+from taco_triton.kernels import _launch
 
 from . import cache, meta, registry, space
 
@@ -242,3 +246,8 @@ def _decide(kernel, device, dtype, config, numel) -> dict | None:
     if group is not None:
         choice = broadcast_choice(choice, group)
     return choice
+
+
+# Resolved per call rather than registering the function object, so that replacing `lookup` on this
+# module (as the tests do) reaches the kernels too.
+_launch.register_tuned_lookup(lambda *problem: lookup(*problem))

@@ -37,6 +37,9 @@ import itertools
 import torch
 
 from taco_triton.config import SUPERBLOCK_ELEMS, CompressionConfig
+from taco_triton.kernels import _launch  # imports no Triton code
+
+from . import registry
 
 WARPS = (1, 2, 4, 8, 16)
 STAGES = (1, 2, 3, 4)
@@ -47,9 +50,7 @@ THREADS_PER_WARP = 32
 
 def heuristic(kernel: str, config: CompressionConfig) -> dict:
     """The default the kernels use without a tuned config (taco_triton.kernels._launch.heuristic)."""
-    from taco_triton.kernels._launch import heuristic as _heuristic  # imports no Triton code
-
-    return _heuristic(kernel, config)
+    return _launch.heuristic(kernel, config)
 
 
 def full_space() -> list[dict]:
@@ -105,9 +106,7 @@ def candidates(
         interpreter: True under TRITON_INTERPRET=1, where the space collapses to the heuristic.
         prune: apply the rules of the module docstring (False: the full 20-config space).
     """
-    from .registry import spec  # local: registry imports this module
-
-    ks = spec(kernel, need_builder=False)
+    ks = registry.spec(kernel, need_builder=False)
     first = heuristic(kernel, config)
     if interpreter:
         return [first]

@@ -17,6 +17,10 @@ from .compressed import Compressed
 from .config import CODEC_SPECS, CodecSpec, CompressionConfig
 from .estimate import Estimate, estimate
 
+# The autotune runtime registers its lookup of tuned launch parameters with the kernels (they
+# never import the tuner, which imports them to time them).
+import autotune.runtime  # noqa: F401
+
 __all__ = [
     "CODEC_SPECS",
     "CalibrationResult",

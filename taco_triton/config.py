@@ -152,11 +152,28 @@ class CompressionConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def wire_regions(self, numel: int) -> tuple[int, int, int]:
+        """Bytes of the three wire regions of `numel` elements: (codes, scale_a, scale_b).
+
+        Codes are `code_bytes` per group, the last group padded to G; "dual" stores one FP32
+        per super-block and one byte per group, "taco_fp32x2" two FP32 per group. Where the
+        regions sit is `taco_triton.layout.WireLayout`'s business; this is only their sizes.
+
+        Raises:
+            ValueError: numel is negative.
+        """
+        if numel < 0:
+            raise ValueError(f"numel must be >= 0, got {numel}")
+        n_groups = -(-numel // self.group_size)
+        codes = n_groups * self.spec.code_bytes(self.group_size)
+        if self.scales == "dual":
+            n_superblocks = -(-n_groups // (SUPERBLOCK_ELEMS // self.group_size))
+            return codes, 4 * n_superblocks, n_groups
+        return codes, 4 * n_groups, 4 * n_groups
+
     def bytes_per_element(self, numel: int = 1 << 20) -> float:
         """Wire bytes per input element for a tensor of `numel` elements (metadata included)."""
-        from .layout import WireLayout  # local: layout depends on this module
-
-        return WireLayout.of(numel, self).nbytes / max(numel, 1)
+        return sum(self.wire_regions(numel)) / max(numel, 1)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -35,25 +35,17 @@ class WireLayout:
 
     @staticmethod
     def of(numel: int, config: CompressionConfig) -> "WireLayout":
-        if numel < 0:
-            raise ValueError(f"numel must be >= 0, got {numel}")
+        codes, a_bytes, b_bytes = config.wire_regions(numel)  # raises for numel < 0
         g = config.group_size
         n_groups = -(-numel // g)
         gps = SUPERBLOCK_ELEMS // g
-        n_sb = -(-n_groups // gps)
-        code_bytes = config.spec.code_bytes(g)
-        codes = n_groups * code_bytes
-        if config.scales == "dual":
-            a_bytes, b_bytes = 4 * n_sb, n_groups
-        else:
-            a_bytes, b_bytes = 4 * n_groups, 4 * n_groups
         return WireLayout(
             numel=numel,
             group_size=g,
-            code_bytes=code_bytes,
+            code_bytes=config.spec.code_bytes(g),
             n_groups=n_groups,
             groups_per_superblock=gps,
-            n_superblocks=n_sb,
+            n_superblocks=-(-n_groups // gps),
             scales=config.scales,
             codes_offset=0,
             scale_a_offset=codes,

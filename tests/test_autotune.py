@@ -205,11 +205,13 @@ def test_online_tuning_times_every_candidate_and_stores_the_fastest(monkeypatch)
         built.append(params)
         return (lambda: None), 1
 
-    fake_time = {4: 3.0, 8: 1.0, 16: 2.0}
+    fake_time = {2: 4.0, 4: 3.0, 8: 1.0, 16: 2.0}  # every warp count the pruned space keeps
     monkeypatch.setitem(registry.KERNELS, "compress", registry.KernelSpec(build=fake_build))
     monkeypatch.setattr(runtime, "_bench", lambda fn: dict(
         median_ms=fake_time[built[-1]["num_warps"]], p20_ms=0.0, p80_ms=0.0))
-    got = runtime.lookup("compress", CPU, BF16, CFG, 8192)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", runtime.TuningWarning)  # a candidate that fails to time is a failure here
+        got = runtime.lookup("compress", CPU, BF16, CFG, 8192)
     assert built == space.candidates("compress", CFG, BF16, interpreter=False)
     assert got == {"num_warps": 8, "num_stages": 1}
     stored = cache.read(str(_user_path()), meta.triton_version())[0][str(_key())]

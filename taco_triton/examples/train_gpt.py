@@ -35,31 +35,13 @@ import torch.distributed as dist
 import taco_triton as taco
 from taco_triton.examples.data import TextBatches, stdlib_bytes
 from taco_triton.examples.gpt import TinyGPT
+from taco_triton.examples.llama import build_model as build_llama
+from taco_triton.examples.modes import MODES, make_policy, progress
 from taco_triton.examples.ranks import spawn_ranks
+from taco_triton.examples.train_megatron import train_rank_megatron  # imports megatron-core only when called
 from taco_triton.integrations.megatron import AXES  # importing it does not import megatron-core
-from taco_triton.parallel import CompressionPolicy
 
-MODES = ("none", "fp8", "int8", "int6", "int4", "int4-fwd", "int4-bwd", "auto")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def make_policy(mode: str, args) -> CompressionPolicy:
-    """The policy of a mode. Every mode communicates bf16 (the baseline is bf16, never fp32)."""
-    common = dict(min_bytes=args.min_bytes, comm_dtype=torch.bfloat16)
-    if mode == "none":
-        return CompressionPolicy(default=None, **common)
-    if mode == "fp8":
-        return CompressionPolicy(default=taco.CompressionConfig(), **common)
-    if mode == "int8":
-        return CompressionPolicy(default=taco.CompressionConfig(codec="int8"), **common)
-    if mode == "int6":
-        return CompressionPolicy(default=taco.CompressionConfig(codec="int6", group_size=32), **common)
-    if mode in ("int4", "int4-fwd", "int4-bwd"):  # G=32, as int6 (README error table)
-        return CompressionPolicy(default=taco.CompressionConfig(codec="int4", group_size=32),
-                                 forward=mode != "int4-bwd", backward=mode != "int4-fwd", **common)
-    if mode == "auto":
-        return CompressionPolicy(calibrate_steps=args.calibrate_steps, plan=args.plan, **common)
-    raise ValueError(f"--compress modes are {MODES}, got {mode!r}")
 
 
 def _loss_all(model: TinyGPT, x, y, group) -> torch.Tensor:
@@ -87,15 +69,11 @@ def train_rank(rank: int, world: int, port: int, mode: str, args, queue=None) ->
 
 def _train(rank, world, mode, args, device) -> list[dict]:
     if getattr(args, "megatron", False):
-        from taco_triton.examples.train_megatron import train_rank_megatron
-
         return train_rank_megatron(rank, world, mode, args, device)
     torch.manual_seed(args.seed)  # identical replicated weights and the same full TP matrices
     policy = make_policy(mode, args)
     if getattr(args, "dtensor", False):  # torch's DTensor TP with compressed styles (train_dtensor.py)
-        from taco_triton.examples.train_dtensor import build_model
-
-        model = build_model(args, policy).to(device)
+        model = build_llama(args, policy).to(device)
     else:
         model = TinyGPT(args.layers, args.hidden, args.heads, args.ffn, args.seq, policy=policy,
                         sequence_parallel=args.sequence_parallel).to(device)
@@ -144,8 +122,8 @@ def _train(rank, world, mode, args, device) -> list[dict]:
             row["val_loss"] = evaluate()
         rows.append(row)
         if rank == 0 and args.verbose and (step % args.eval_every == 0 or step == args.steps):
-            print(f"  [{mode}] step {step:4d}  train {row['train_loss']:.4f}  val {row['val_loss']:.4f}  "
-                  f"wire {row['wire_bytes'] / 2**20:.2f} MiB  {row['step_ms']:.0f} ms", flush=True)
+            print(progress(f"[{mode}]", row, f"wire {row['wire_bytes'] / 2**20:.2f} MiB  {row['step_ms']:.0f} ms"),
+                  flush=True)
     if policy.frozen and rank == 0 and args.verbose:
         print(f"  [{mode}] frozen plan: {len(policy.plan_dict())} sites, codecs "
               f"{sorted({(c.codec, c.group_size, c.hadamard) for c in policy.plan_dict().values()})}")
@@ -187,8 +165,12 @@ def summarize(rows: list[dict]):
     return df, out
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser(prog: str = "python -m taco_triton.examples.train_gpt", doc: str = __doc__) -> argparse.ArgumentParser:
+    """The command line of `prog`, described by `doc` (first line: the description; the rest, the
+    epilog); `train_dtensor` passes its own."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0],
+                                 epilog="\n".join(doc.splitlines()[1:]).strip(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (gloo on CPU, NCCL on GPUs)")
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages (--megatron only)")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas (--megatron only)")
@@ -249,8 +231,9 @@ def run_label(mode: str, axes: tuple[str, ...], error_feedback: bool) -> str:
     return label + ("+ef" if error_feedback and "dp" in axes else "")
 
 
-def main(argv=None):
-    args = parser().parse_args(argv)
+def main(argv=None, cli: argparse.ArgumentParser | None = None):
+    """Train every mode and print the summary; `cli` parses `argv` (default: `parser()`)."""
+    args = (cli or parser()).parse_args(argv)
     modes = [m.strip() for m in args.compress.split(",") if m.strip()]
     for m in modes:
         if m not in MODES:

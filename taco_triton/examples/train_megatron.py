@@ -192,7 +192,7 @@ def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.de
     from megatron.core import parallel_state as ps
 
     from taco_triton.examples.data import TextBatches, stdlib_bytes
-    from taco_triton.examples.train_gpt import make_policy
+    from taco_triton.examples.modes import make_policy, progress
     from taco_triton.integrations import megatron as tm
 
     with tm.cpu_compat():
@@ -236,10 +236,9 @@ def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.de
                 rows.append(row)
                 if rank == 0 and args.verbose and (args.steps <= 20 or step % args.eval_every == 0
                                                    or step == args.steps):
-                    print(f"  [megatron {mode} tp{tp} pp{pp} dp{dp}] step {step:4d}  train {row['train_loss']:.4f}  "
-                          f"val {row['val_loss']:.4f}  wire MiB tp {row['wire_tp'] / 2**20:.3f}  "
-                          f"pp {row['wire_pp'] / 2**20:.3f}  dp {row['wire_dp'] / 2**20:.3f}  "
-                          f"{row['step_ms']:.0f} ms", flush=True)
+                    print(progress(f"[megatron {mode} tp{tp} pp{pp} dp{dp}]", row,
+                                   f"wire MiB tp {row['wire_tp'] / 2**20:.3f}  pp {row['wire_pp'] / 2**20:.3f}  "
+                                   f"dp {row['wire_dp'] / 2**20:.3f}  {row['step_ms']:.0f} ms"), flush=True)
             if rank == 0 and args.verbose and policy.frozen:
                 print(f"  [megatron {mode}] frozen plan: {len(policy.plan_dict())} sites, codecs "
                       f"{sorted({(c.codec, c.group_size, c.hadamard) for c in policy.plan_dict().values()})}")

@@ -5,8 +5,8 @@
   hardware FP8 conversions exist from sm_89 on, the interpreter needs bit-exact emulations, and
   16-bit transform operands are exact on tensor cores but not in the interpreter's bf16 dot.
 - `launch_params`: (num_warps, num_stages), the one place they are chosen. Lookup order: a
-  `forced` block, then the autotune runtime (shipped per-GPU files, the user's cache, online
-  tuning when TACO_AUTOTUNE=online), then the heuristic. The interpreter runs every choice the
+  `forced` block, then the autotune runtime's lookup, registered here by the runtime (shipped
+  per-GPU files, the user's cache, online tuning when TACO_AUTOTUNE=online), then the heuristic. The interpreter runs every choice the
   same way, so it answers with the heuristic.
 - `Launch`: a kernel with its grid, arguments and constexprs. Each kernel module builds one in a
   `*_launch` function from tensors (or from `ShapedPointer`s), and `Launch.run()` launches it;
@@ -136,6 +136,18 @@ def forced(params: dict):
         _FORCED.reset(token)
 
 
+# The tuned-parameter lookup, (kernel, device, dtype, config, numel) -> params or None. The autotune
+# runtime registers it when imported (`import taco_triton` does that): the tuner imports the kernels
+# to time them, so the kernels never import the tuner. None registered: the heuristic.
+_tuned_lookup = None
+
+
+def register_tuned_lookup(lookup) -> None:
+    """Make `launch_params` ask `lookup(kernel, device, dtype, config, numel)` on GPUs (None: don't)."""
+    global _tuned_lookup
+    _tuned_lookup = lookup
+
+
 def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config: CompressionConfig, numel: int) -> dict:
     """Launch parameters for `kernel` ("compress", "decompress", ...) on this problem."""
     pinned = _FORCED.get()
@@ -144,9 +156,7 @@ def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config:
     if device.type != "cuda" or interpreting():
         autotune_mode()  # unused here, but a TACO_AUTOTUNE typo raises on every backend, not only on GPUs
         return heuristic(kernel, config)
-    from autotune import runtime  # the runtime sits below the kernels; the tuning tools above
-
-    found = runtime.lookup(kernel, device, dtype, config, numel)
+    found = _tuned_lookup(kernel, device, dtype, config, numel) if _tuned_lookup is not None else None
     return found if found is not None else heuristic(kernel, config)
 
 
