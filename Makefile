@@ -3,10 +3,14 @@
 #   make test   - create .venv, install everything, run the whole test suite
 # and one checks the package as a user receives it:
 #   make wheel-check - build the wheel, install it into a fresh venv outside the source tree, use it
+# For contributors (they add the docs and lint tools to the same .venv):
+#   make docs   - build the documentation site into site/ (mkdocs --strict: a broken link fails)
+#   make lint   - ruff check on the whole repository
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
 DIST   := dist
 # PyTorch's CPU-only build. PyPI's Linux torch wheel depends on the nvidia-*-cu13 packages (gigabytes),
 # so torch itself comes from PyTorch's CPU index, or from a CPU wheel pip already finds locally
@@ -15,7 +19,7 @@ TORCH_VERSION   ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 WHEEL_VENV      ?= /tmp/taco-triton-wheel-check
 
-.PHONY: demo test test-thorough soak bench notebooks wheel wheel-check clean
+.PHONY: demo test test-thorough soak bench notebooks docs docs-serve lint wheel wheel-check clean
 
 # $(call install_cpu_torch,PYTHON): an unreachable CPU index fails within seconds (no retries), and pip
 # then uses whatever CPU wheel it finds locally; with neither, stop rather than fetch a CUDA build.
@@ -29,6 +33,9 @@ define install_cpu_torch
 endef
 
 $(STAMP): pyproject.toml Makefile
+	@echo "Setting up $(VENV) (once; a few minutes, about 3 GB on disk): CPU torch $(TORCH_VERSION) (~200 MB download)," \
+	      "Triton (~1 GB installed), megatron-core, transformers and a small pretrained model, pandas," \
+	      "pytest and the notebook tools. pip runs quietly: nothing prints until it is done."
 	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  echo "GPU torch found: reusing it"; $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
@@ -36,6 +43,12 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	$(PY) -m pip install -q -e ".[test,real,megatron,notebooks]"
 	@touch $(STAMP)
+	@echo "$(VENV) is ready ($$(du -sh $(VENV) 2>/dev/null | cut -f1))."
+
+$(DOCS_STAMP): $(STAMP)
+	@echo "Adding the docs and lint tools to $(VENV) (mkdocs, mkdocs-material, mkdocstrings, ruff; ~150 MB, under a minute)"
+	$(PY) -m pip install -q -e ".[docs,lint]"
+	@touch $(DOCS_STAMP)
 
 # internal: the CPU torch into the interpreter PY_FOR_TORCH
 .PHONY: cpu-torch
@@ -58,6 +71,15 @@ soak: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) notebooks/run_all.py
 
+docs: $(DOCS_STAMP)
+	$(PY) -m mkdocs build --strict
+
+docs-serve: $(DOCS_STAMP)
+	$(PY) -m mkdocs serve
+
+lint: $(DOCS_STAMP)
+	$(PY) -m ruff check .
+
 bench: $(STAMP)
 	$(PY) bench/kernels.py
 
@@ -79,4 +101,4 @@ wheel-check: wheel
 	rm -rf $(WHEEL_VENV)
 
 clean:
-	rm -rf $(VENV) $(DIST) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(DIST) site .pytest_cache .hypothesis

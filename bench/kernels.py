@@ -551,7 +551,7 @@ class Bench:
                 measure("decompress", impl, moved, lambda: call(cfn), lambda: call(cfn), dcheck,
                         fallback=static_fallback("decompress", call))
 
-        del x, wire_ref, out_ref
+        x = wire_ref = out_ref = None  # free this problem's tensors (the lambdas above are done with them)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
             for r in rows:  # the compile-time model's ceiling beside each measured Triton figure
