@@ -200,9 +200,24 @@ def _raise_exit(signum, frame):
     raise SystemExit(128 + signum)
 
 
-if __name__ == "__main__":  # smoke test: python bench/netns.py [RATE]
-    with LinkEmulation(sys.argv[1] if len(sys.argv) > 1 else "1") as link:
+def main(argv=None) -> None:
+    """Smoke test: create a throttled namespace, show its qdisc and loopback, delete it."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python bench/netns.py", description=main.__doc__,
+                                 epilog="Needs root (ip netns, tc); nothing outside the new namespace is touched.")
+    ap.add_argument("rate", nargs="?", default="1", help="link rate in Gbit/s (e.g. 0.5, 10) or 'unlimited'")
+    args = ap.parse_args(argv)
+    try:
+        normalize_rate(args.rate)  # a bad rate is a usage error, before anything is created
+    except ValueError as exc:
+        ap.error(str(exc))
+    with LinkEmulation(args.rate) as link:
         print(link.name, "->", link.qdisc())
         subprocess.run(link.wrap(["ip", "addr", "show", "lo"]), check=True)
     print("deleted:", link.name, "present" if link.name in subprocess.run(
         ["ip", "netns", "list"], capture_output=True, text=True).stdout else "gone")
+
+
+if __name__ == "__main__":
+    main()

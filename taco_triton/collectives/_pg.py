@@ -7,6 +7,7 @@ Every byte the collectives hand to torch.distributed goes through the functions 
 from __future__ import annotations
 
 import atexit
+import functools
 import struct
 import threading
 import time
@@ -25,12 +26,19 @@ _stats = threading.local()
 
 @dataclass
 class WireCall:
-    """One call handed to the process group: its kind, the buffer bytes, bytes each rank sends."""
+    """One call handed to the process group: its kind (the operation on the wire), the buffer
+    bytes, the bytes each rank sends, whether they are compressed, and the collective the user
+    called that issued it (a compressed all_reduce sends an all_to_all and an all_gather, both
+    with collective "all_reduce"; a native call's kind and collective are the same)."""
 
     kind: str
     buffer_bytes: int
     wire_bytes: float
     compressed: bool
+    collective: str = ""
+
+    def __post_init__(self):
+        self.collective = self.collective or self.kind
 
 
 @dataclass(eq=False)  # compared by identity: leaving one must never remove an equal (e.g. empty) other
@@ -40,7 +48,9 @@ class WireStats:
 
     `wire_bytes` counts what each rank sends by the collective's standard cost (as nccl-tests
     counts bus bytes): ring all_reduce 2(P-1)/P of the buffer, reduce_scatter and all_to_all
-    (P-1)/P of the input buffer, all_gather (P-1) times the shard.
+    (P-1)/P of the input buffer, all_gather (P-1) times the shard. `by_collective()` sums them
+    per collective the user called (`all_reduce`, ...); `by_kind()` per operation on the wire
+    (a compressed all_reduce is an `all_to_all` and an `all_gather`).
 
         >>> with WireStats() as ws:
         ...     pass
@@ -64,20 +74,51 @@ class WireStats:
 
     @property
     def wire_bytes(self) -> float:
+        """Bytes this rank sent in every recorded call, fingerprints included."""
         return float(sum(c.wire_bytes for c in self.calls)) + self.fingerprint_bytes
 
-    def by_kind(self) -> dict:
+    def _summed(self, key) -> dict:
         out: dict = {}
         for c in self.calls:
-            out[c.kind] = out.get(c.kind, 0.0) + c.wire_bytes
+            out[key(c)] = out.get(key(c), 0.0) + c.wire_bytes
         if self.fingerprint_bytes:
             out["fingerprint"] = self.fingerprint_bytes
         return out
 
+    def by_collective(self) -> dict:
+        """Wire bytes per collective the user called ("all_reduce", "send", ...), plus
+        "fingerprint" for the agreement checks."""
+        return self._summed(lambda c: c.collective)
+
+    def by_kind(self) -> dict:
+        """Wire bytes per operation handed to the process group ("all_to_all", ...), plus
+        "fingerprint" for the agreement checks."""
+        return self._summed(lambda c: c.kind)
+
 
 def _record(kind: str, buffer_bytes: int, wire_bytes: float, compressed: bool) -> None:
+    collective = getattr(_stats, "collective", None) or kind
     for ws in getattr(_stats, "stack", ()):
-        ws.calls.append(WireCall(kind, buffer_bytes, wire_bytes, compressed))
+        ws.calls.append(WireCall(kind, buffer_bytes, wire_bytes, compressed, collective))
+
+
+def records_as(collective: str):
+    """Decorator: every call the decorated collective hands to the process group is recorded as
+    issued by `collective` (its wire operations may be others)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def recorded(*args, **kwargs):
+            outer = getattr(_stats, "collective", None)
+            _stats.collective = outer or collective  # a collective built on another keeps the outer name
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _stats.collective = outer
+
+        return recorded
+
+    return wrap
 
 
 #: How long the interpreter waits at exit, with the GIL released, once a CPU collective ran.

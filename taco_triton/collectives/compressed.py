@@ -294,6 +294,7 @@ def _member(group) -> bool:
     return group is None or dist.get_rank(group) >= 0
 
 
+@_pg.records_as("all_reduce")
 def all_reduce(
     tensor: torch.Tensor, group=None, config: CompressionConfig | None = None, op: str = "sum",
     async_op: bool = False, *, min_bytes: int | None = None, pipeline="auto", backend: str = "auto",
@@ -375,6 +376,7 @@ def _all_reduce_compressed(call: _Call, tensor: torch.Tensor) -> None:
         copy_back.copy_(flat.view_as(copy_back))
 
 
+@_pg.records_as("reduce_scatter")
 def reduce_scatter(
     output: torch.Tensor, input: torch.Tensor, group=None, config: CompressionConfig | None = None,
     op: str = "sum", async_op: bool = False, *, min_bytes: int | None = None, pipeline="auto",
@@ -440,6 +442,7 @@ def _reduce_scatter_compressed(call: _Call, output, input) -> None:
         copy_back.copy_(out_flat.view_as(copy_back))
 
 
+@_pg.records_as("all_gather")
 def all_gather(
     output: torch.Tensor, input: torch.Tensor, group=None, config: CompressionConfig | None = None,
     async_op: bool = False, *, min_bytes: int | None = None, pipeline="auto", backend: str = "auto",
