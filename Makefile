@@ -72,10 +72,10 @@ notebooks: $(STAMP)
 	$(PY) notebooks/run_all.py
 
 docs: $(DOCS_STAMP)
-	$(PY) -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 docs-serve: $(DOCS_STAMP)
-	$(PY) -m mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 lint: $(DOCS_STAMP)
 	$(PY) -m ruff check .

@@ -1,4 +1,4 @@
-"""Environment switches, read in one place (the README's ENVs table lists them).
+"""Environment switches, read in one place (docs/environment.md lists them).
 
 | variable                   | effect                                                         |
 |----------------------------|----------------------------------------------------------------|

@@ -29,7 +29,7 @@ from ..layout import WireLayout
 from . import _pg
 
 #: Messages below this many bytes go through the native collective when the codec runs on a GPU.
-#: Not yet measured on GPUs (TACO's authors use 10 MiB); see README. On CPU tensors the codec is the
+#: Not yet measured on GPUs (TACO's authors use 10 MiB); see docs/speed/index.md. On CPU tensors the codec is the
 #: torch reference (~14 MB/s per core measured, bench/collectives.py), slower than the link at
 #: every size for links >= 0.25 Gbit/s, so there the default is native unless min_bytes is given.
 DEFAULT_MIN_BYTES = 1 << 20

@@ -697,8 +697,10 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
             stochastic rounding) unless `dp` is given.
         model: optional; when given, TP site names carry the qualified name of the issuing module
             (see the module docstring).
-        tp, pp, dp: per-axis policies, each replacing what `policy` would give that axis. An axis
-            that gets no policy at all is routed natively (counted, never compressed).
+        tp: the TP axis's policy, replacing what `policy` would give it. An axis that gets no
+            policy at all is routed natively (counted, never compressed).
+        pp: the PP axis's policy, likewise.
+        dp: the DP axis's policy, likewise (instead of `gradient_policy(policy)`).
         error_feedback: DP only: carry each gradient bucket's quantization residual to the next
             step (the derived DP policy then rounds to nearest; a DP config with stochastic
             rounding raises ValueError at the first compressed reduction).

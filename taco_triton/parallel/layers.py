@@ -196,8 +196,9 @@ class ColumnParallelLinear(_ParallelLinear):
     Rank r holds W[r o/P : (r+1) o/P, :] (o = out_features) and the same slice of b.
 
     Args:
-        in_features, out_features: the full layer's sizes; out_features must be divisible by P
-            (ValueError naming both otherwise).
+        in_features: the full layer's input size.
+        out_features: the full layer's output size; it must be divisible by P (ValueError naming
+            both sizes otherwise).
         group: tensor-parallel process group (None: the default group; world size 1 when
             torch.distributed is not initialized).
         policy: `CompressionPolicy` deciding each site's compression (None: all native).
@@ -209,7 +210,8 @@ class ColumnParallelLinear(_ParallelLinear):
         bias: learnable bias (zero-initialised).
         name: prefix of the site names (see the module docstring).
         init_method: Megatron-style `init_method(full_fp32_weight)`; see `init_dense_weight`.
-        dtype, device: of the parameters.
+        dtype: of the parameters.
+        device: of the parameters.
         seed: seeds the full weight's initialisation (None: CRC32 of `name`).
         skip_init: leave the weight uninitialised (for `load_dense_`).
 
@@ -275,13 +277,13 @@ class RowParallelLinear(_ParallelLinear):
     """Y = X W^T + b with W's columns (input features) split over the ranks of `group`.
 
     Rank r holds W[:, r i/P : (r+1) i/P] (i = in_features) and the whole bias, which is added
-    once, after the reduction.
+    once, after the reduction. `group`, `policy`, `bias`, `name`, `init_method`, `dtype`, `device`,
+    `seed` and `skip_init` are as in `ColumnParallelLinear`.
 
     Args:
-        in_features, out_features: the full layer's sizes; in_features must be divisible by P
-            (ValueError naming both otherwise).
-        group, policy, bias, name, init_method, dtype, device, seed, skip_init: as in
-            `ColumnParallelLinear`.
+        in_features: the full layer's input size; it must be divisible by P (ValueError naming
+            both sizes otherwise).
+        out_features: the full layer's output size.
         sequence_parallel: reduce-scatter the output along dim 0 (site f"{name}.reduce_scatter"),
             giving this rank's tokens [t/P, ..., out]; otherwise all-reduce it (site
             f"{name}.reduce"), giving [..., out] on every rank.

@@ -245,7 +245,8 @@ def reduce_from_tp_region(x: torch.Tensor, site: str, policy=None, group=None) -
     Args:
         x: any shape, the same shape on every rank.
         site: e.g. "layers.0.mlp.fc2.reduce"; direction "forward".
-        policy, group: as in `copy_to_tp_region`.
+        policy: as in `copy_to_tp_region`.
+        group: as in `copy_to_tp_region`.
 
     Returns:
         A new tensor, the sum of `x` over `group` (bitwise identical on all ranks).
@@ -266,7 +267,8 @@ def gather_from_sp_region(x: torch.Tensor, site: str, policy=None, group=None) -
     Args:
         x: [s / P, ...], this rank's slice of the sequence (token) dim.
         site: e.g. "layers.0.mlp.fc1.gather"; all-gather "forward", reduce-scatter "backward".
-        policy, group: as in `copy_to_tp_region`.
+        policy: as in `copy_to_tp_region`.
+        group: as in `copy_to_tp_region`.
 
     Returns:
         [s, ...]: rank r's slice at rows [r s/P, (r+1) s/P). Backward needs the grad's dim 0
@@ -289,7 +291,8 @@ def reduce_scatter_to_sp_region(x: torch.Tensor, site: str, policy=None, group=N
         x: [s, ...] partial sums, the same shape on every rank; s divisible by P (ValueError
             naming the shape otherwise).
         site: e.g. "layers.0.mlp.fc2.reduce_scatter"; reduce-scatter "forward", all-gather "backward".
-        policy, group: as in `copy_to_tp_region`.
+        policy: as in `copy_to_tp_region`.
+        group: as in `copy_to_tp_region`.
 
     Returns:
         [s / P, ...]: rows [r s/P, (r+1) s/P) of the sum over `group`.
@@ -310,7 +313,8 @@ def gather_from_tp_region(x: torch.Tensor, site: str, policy=None, group=None) -
     Args:
         x: [..., n] this rank's slice of the hidden dim.
         site: e.g. "fc1.gather_output"; direction "forward".
-        policy, group: as in `copy_to_tp_region`.
+        policy: as in `copy_to_tp_region`.
+        group: as in `copy_to_tp_region`.
 
     Returns:
         [..., P n]: rank r's slice at columns [r n, (r+1) n).
@@ -331,7 +335,8 @@ def scatter_to_tp_region(x: torch.Tensor, site: str, policy=None, group=None) ->
     Args:
         x: [..., n], replicated; n divisible by P (ValueError naming the shape otherwise).
         site: e.g. "fc2.scatter"; direction "backward".
-        policy, group: as in `copy_to_tp_region`.
+        policy: as in `copy_to_tp_region`.
+        group: as in `copy_to_tp_region`.
 
     Returns:
         [..., n / P]: columns [r n/P, (r+1) n/P), a new tensor.

@@ -45,7 +45,8 @@ class CompressionPolicy:
         default: config for every site not exempt or overridden; None compresses nothing.
         min_bytes: messages smaller than this run natively (see the collectives).
         exempt: fnmatch patterns of site names that always communicate natively.
-        forward, backward: switch compression per direction.
+        forward: compress the forward direction's sites (False: native).
+        backward: compress the backward direction's sites (False: native).
         overrides: pattern -> config for particular sites (first matching pattern wins).
         plan: JSON path. If it exists it is loaded (and the plan frozen) at construction;
             otherwise calibration writes it.
