@@ -33,7 +33,7 @@ define install_cpu_torch
 endef
 
 $(STAMP): pyproject.toml Makefile
-	@echo "Setting up $(VENV) (once; a few minutes, about 3 GB on disk): CPU torch $(TORCH_VERSION) (~200 MB download)," \
+	@echo "Setting up $(VENV) (once; a few minutes, about 2.8 GB on disk): CPU torch $(TORCH_VERSION) (~200 MB download)," \
 	      "Triton (~1 GB installed), megatron-core, transformers and a small pretrained model, pandas," \
 	      "pytest and the notebook tools. pip runs quietly: nothing prints until it is done."
 	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml Makefile
 	@echo "$(VENV) is ready ($$(du -sh $(VENV) 2>/dev/null | cut -f1))."
 
 $(DOCS_STAMP): $(STAMP)
-	@echo "Adding the docs and lint tools to $(VENV) (mkdocs, mkdocs-material, mkdocstrings, ruff; ~150 MB, under a minute)"
+	@echo "Adding the docs and lint tools to $(VENV) (mkdocs, mkdocs-material, mkdocstrings, ruff; about 150 MB)"
 	$(PY) -m pip install -q -e ".[docs,lint]"
 	@touch $(DOCS_STAMP)
 
