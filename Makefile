@@ -58,11 +58,16 @@ cpu-torch:
 demo: $(STAMP)
 	$(PY) -m taco_triton.demo
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist; 2 = the cores of the machines it is
+# sized for). Tests that share an expensive module fixture stay on one worker (conftest.py).
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(PY) -m pytest -q --timeout=900
+	$(PY) -m pytest -q --timeout=900 $(XDIST)
 
 test-thorough: $(STAMP)
-	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q --timeout=1800
+	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q --timeout=1800 $(XDIST)
 
 # the randomized collectives soak, long: 2000 collectives on 3 gloo ranks (CI runs 100)
 soak: $(STAMP)

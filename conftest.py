@@ -46,3 +46,12 @@ def _doctest_names(doctest_namespace):
     import taco_triton
 
     doctest_namespace.update(torch=torch, taco=taco_triton, **{n: getattr(taco_triton, n) for n in taco_triton.__all__})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test`), tests that use a module-scoped fixture (a training run,
+    a megatron set-up, compiled kernels) go to one worker, so that fixture is built once."""
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope == "module" for fds in defs.values() for d in fds):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
