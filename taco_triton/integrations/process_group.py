@@ -1,0 +1,421 @@
+"""A process group that compresses what a `CompressionPolicy` asks for and forwards the rest.
+
+    import taco_triton as taco
+    tp = taco.compressed_group(tp_group, policy)          # once, on every rank of tp_group
+    dist.all_reduce(x, group=tp)                          # and any other torch.distributed call
+
+`compressed_group(inner, policy)` returns a ``torch.distributed.ProcessGroup`` (registered with
+torch.distributed under the backend name ``"taco"``) that every torch.distributed API accepts in
+place of `inner`: ``all_reduce``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``, their
+list and coalesced forms, the functional collectives (and so DTensor), DDP, send/recv,
+``batch_isend_irecv``, ``all_to_all``, ``broadcast``, ``barrier``, gather/scatter/reduce.
+
+Compressed: SUM and AVG all_reduce / reduce_scatter and all_gather of bf16, fp16 and fp32
+tensors of at least ``policy.min_bytes`` bytes whose site the policy gives a config (see
+`taco_triton.integrations.sites` for how sites are named); they run
+`taco_triton.all_reduce / reduce_scatter / all_gather` over `inner`. Everything else (integer
+dtypes, MAX/MIN/PRODUCT/PREMUL_SUM, small messages, exempt sites, point-to-point, all_to_all,
+broadcast, barrier, gather, scatter, reduce) is handed to `inner` unchanged, with the same
+options, and is bit for bit what `inner` gives.
+
+Work: a compressed collective is issued when it is called (the codec and the inner group's work
+are queued on the calling thread, in the same order on every rank) and the returned Work is
+already complete on CPU; on CUDA its future carries the current stream's events, so `wait()`
+orders the waiting stream after the collective. Errors in a compressed collective raise at the
+call. A forwarded call returns `inner`'s own Work.
+
+`WireStats` counts every call on this rank: compressed ones as the collectives count them,
+forwarded ones by the collective's standard cost (`WireStats`).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..collectives import _pg
+from ..collectives import compressed as coll
+from ..config import INPUT_DTYPES
+from . import sites
+
+__all__ = ["BACKEND", "CompressingProcessGroup", "GroupStats", "compressed_group"]
+
+#: The name the group's backend is registered under (``dist.new_group(ranks, backend="taco")``
+#: makes one over a new inner group of the default backend, with the default policy).
+BACKEND = "taco"
+
+_C10D = torch._C._distributed_c10d
+_COMPRESSIBLE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
+_lock = threading.Lock()
+_pending: list = []  # (inner, policy) handed from compressed_group to the backend creator
+
+
+@dataclass
+class GroupStats:
+    """Calls of one (site, direction, kind) on a compressing group: how many, how many compressed,
+    and their buffer bytes (all_reduce: the tensor; reduce_scatter, all_gather: the larger one)."""
+
+    calls: int = 0
+    compressed: int = 0
+    bytes: int = 0
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _op_of(opts):
+    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    # ReduceOp instances compare equal to their RedOpType members
+    for known, name in _COMPRESSIBLE_OPS.items():
+        if op == known:
+            return name
+    return None
+
+
+def _done(result, device: torch.device):
+    """A completed Work whose future holds `result` (on CUDA: with the current stream's events)."""
+    fut = torch.futures.Future(devices=[device]) if device.type == "cuda" else torch.futures.Future()
+    fut.set_result(result)
+    return _C10D._create_work_from_future(fut)
+
+
+def _all_of(works: list, result, device: torch.device):
+    """One Work that completes when every Work in `works` (None: already done) has."""
+    works = [w for w in works if w is not None]
+    if not works:
+        return _done(result, device)
+    if len(works) == 1 and result is None:
+        return works[0]
+    fut = torch.futures.collect_all([w.get_future() for w in works]).then(lambda _: result)
+    return _C10D._create_work_from_future(fut)
+
+
+class CompressingProcessGroup(dist.ProcessGroup):
+    """A ``torch.distributed.ProcessGroup`` over `inner` that compresses what `policy` selects.
+
+    Made by `compressed_group`; see the module docstring. Attributes: `inner` (the process group
+    that carries every byte), `policy`, `stats` ({(site, direction, kind): GroupStats}).
+    """
+
+    def __init__(self, rank: int, size: int, inner, policy, global_ranks: list[int]):
+        super().__init__(rank, size)
+        self._inner = inner
+        self._global_ranks = list(global_ranks)
+        self.policy = policy
+        self.stats: dict[tuple[str, str, str], GroupStats] = {}
+        self._checked_devices: set[str] = set()
+        self._patterns_checked = False
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def inner(self):
+        """The process group that carries the bytes (made on first use for a group created by
+        ``dist.new_group(backend="taco")``)."""
+        if self._inner is None:
+            self._inner = dist.new_group(self._global_ranks, use_local_synchronization=True)
+        return self._inner
+
+    @property
+    def group_name(self) -> str:
+        return dist.distributed_c10d._world.pg_names[self]
+
+    @property
+    def pg_name(self) -> str:
+        return self.group_name
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def name(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"CompressingProcessGroup(rank={self.rank()}, size={self.size()}, ranks={self._global_ranks})"
+
+    # ------------------------------------------------------------------ deciding
+    def _inner_for(self, tensor: torch.Tensor):
+        """`inner`, after checking once per device type that it can carry `tensor`."""
+        inner = self.inner
+        dev = tensor.device.type
+        if dev not in self._checked_devices:
+            try:
+                inner._get_backend(tensor.device)
+            except RuntimeError as e:
+                raise ValueError(
+                    f"compressed group: its inner group (backend {dist.get_backend(inner)!r}) has no backend for "
+                    f"{dev} tensors; make the inner group with a backend for {dev} (gloo for cpu, nccl for cuda)"
+                ) from e
+            self._checked_devices.add(dev)
+        return inner
+
+    def _decide(self, kind: str, tensor: torch.Tensor, nbytes: int, op: str | None):
+        """The policy's config for one message, or None to forward it."""
+        site, direction = sites.current_site(kind)
+        st = self.stats.get((site, direction, kind))
+        if st is None:
+            st = self.stats[(site, direction, kind)] = GroupStats()
+        st.calls += 1
+        st.bytes += nbytes
+        if not self._patterns_checked:
+            self._patterns_checked = True
+            sites.check_patterns(self.policy)
+        if (op is None or self.size() == 1 or tensor.dtype not in INPUT_DTYPES
+                or nbytes < self.policy.min_bytes or tensor.is_complex()):
+            return None
+        self.policy.observe(site, direction, tensor)
+        cfg = self.policy.config_for(site, direction)
+        if cfg is not None:
+            st.compressed += 1
+        return cfg
+
+    def _forward(self, kind: str, nbytes: float, wire: float, method: str, *args):
+        """Hand a call to `inner`'s method of the same name, unchanged, counting its bytes."""
+        _pg._record(kind, int(nbytes), float(wire), False)
+        inner = self.inner
+        fn = getattr(inner, method)
+        try:
+            return fn(*args)
+        except RuntimeError as e:
+            if "No backend type associated" in str(e) or "not supported" in str(e).lower():
+                raise RuntimeError(f"compressed group: the inner group (backend {dist.get_backend(inner)!r}) "
+                                   f"cannot run {method}: {e}") from e
+            raise
+
+    # ------------------------------------------------------------------ all_reduce
+    def allreduce(self, tensors, opts=None):
+        opts = dist.AllreduceOptions() if opts is None else opts
+        if len(tensors) != 1:
+            n = sum(_nbytes(t) for t in tensors)
+            return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, "allreduce", tensors, opts)
+        (t,) = tensors
+        inner = self._inner_for(t)
+        op = _op_of(opts)
+        cfg = self._decide("all_reduce", t, _nbytes(t), op)
+        if cfg is None:
+            n = _nbytes(t)
+            return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, "allreduce", tensors, opts)
+        coll.all_reduce(t, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
+        return _done([t], t.device)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = dist.AllreduceCoalescedOptions() if opts is None else opts
+        one = dist.AllreduceOptions()
+        one.reduceOp = opts.reduceOp
+        works = [self.allreduce([t], one) for t in tensors]
+        return _all_of(works, list(tensors), tensors[0].device)
+
+    # ------------------------------------------------------------------ reduce_scatter
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        inner = self._inner_for(input)
+        op = _op_of(opts)
+        cfg = self._decide("reduce_scatter", input, _nbytes(input), op)
+        if cfg is None or input.numel() != self.size() * output.numel() or input.dtype != output.dtype:
+            n = _nbytes(input)
+            method = "reduce_scatter_single" if hasattr(inner, "reduce_scatter_single") else "_reduce_scatter_base"
+            return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, method, output, input, opts)
+        coll.reduce_scatter(output, input, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
+        return _done([output], output.device)
+
+    _reduce_scatter_base = reduce_scatter_single  # the name torch < 2.13 calls
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        if len(outputs) == 1 and len(input_lists[0]) == self.size() and all(
+                t.shape == outputs[0].shape and t.dtype == outputs[0].dtype for t in input_lists[0]):
+            flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
+            return self.reduce_scatter_single(outputs[0], flat, opts)
+        n = sum(_nbytes(t) for ts in input_lists for t in ts)
+        return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, "reduce_scatter",
+                             outputs, input_lists, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _all_of(works, list(outputs), outputs[0].device)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch < 2.13
+
+    # ------------------------------------------------------------------ all_gather
+    def all_gather_single(self, output, input, opts=None):
+        opts = dist.AllgatherOptions() if opts is None else opts
+        inner = self._inner_for(input)
+        cfg = self._decide("all_gather", input, _nbytes(output), "sum")
+        if cfg is None or output.numel() != self.size() * input.numel() or input.dtype != output.dtype:
+            method = "all_gather_single" if hasattr(inner, "all_gather_single") else "_allgather_base"
+            return self._forward("all_gather", _nbytes(input), (self.size() - 1) * _nbytes(input), method,
+                                 output, input, opts)
+        coll.all_gather(output, input, inner, cfg, min_bytes=self.policy.min_bytes)
+        return _done([output], output.device)
+
+    _allgather_base = all_gather_single  # the name torch < 2.13 calls
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = dist.AllgatherOptions() if opts is None else opts
+        if len(inputs) == 1 and len(output_lists[0]) == self.size() and all(
+                t.shape == inputs[0].shape and t.dtype == inputs[0].dtype for t in output_lists[0]):
+            (inp,), outs = inputs, output_lists[0]
+            flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
+            if self._decide_peek("all_gather", inp, _nbytes(flat)):
+                self.all_gather_single(flat, inp.reshape(-1), opts)
+                for r, o in enumerate(outs):
+                    o.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view(o.shape))
+                return _done(output_lists, inp.device)
+        n = sum(_nbytes(t) for t in inputs)
+        return self._forward("all_gather", n, (self.size() - 1) * n, "allgather", output_lists, inputs, opts)
+
+    def _decide_peek(self, kind: str, tensor: torch.Tensor, nbytes: int) -> bool:
+        """Whether a call could be compressed (dtype, size, group size) before it is counted."""
+        return self.size() > 1 and tensor.dtype in INPUT_DTYPES and nbytes >= self.policy.min_bytes
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = dist.AllgatherOptions() if opts is None else opts
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _all_of(works, list(outputs), outputs[0].device)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch < 2.13
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        opts = dist.AllgatherOptions() if opts is None else opts
+        n = sum(_nbytes(t) for t in inputs)
+        return self._forward("all_gather", n, (self.size() - 1) * n, "allgather_coalesced", output_lists, inputs, opts)
+
+    # ------------------------------------------------------------------ forwarded unchanged
+    def broadcast(self, tensors, opts=None):
+        opts = dist.BroadcastOptions() if opts is None else opts
+        n = sum(_nbytes(t) for t in tensors)
+        return self._forward("broadcast", n, n if self.rank() == opts.rootRank else 0, "broadcast", tensors, opts)
+
+    def send(self, tensors, dst, tag=0):
+        n = sum(_nbytes(t) for t in tensors)
+        return self._forward("send", n, n, "send", tensors, dst, tag)
+
+    def recv(self, tensors, src, tag=0):
+        return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv", tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv_anysource", tensors, tag)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = dist.AllToAllOptions() if opts is None else opts
+        n = _nbytes(input)
+        if input_split_sizes:
+            row = n // max(1, input.shape[0]) if input.dim() else n
+            sent = sum(s for j, s in enumerate(input_split_sizes) if j != self.rank()) * row
+        else:
+            sent = n * (self.size() - 1) // self.size()
+        inner = self.inner
+        method = "all_to_all_single" if hasattr(inner, "all_to_all_single") else "alltoall_base"
+        return self._forward("all_to_all", n, sent, method, output, input, output_split_sizes, input_split_sizes, opts)
+
+    alltoall_base = all_to_all_single  # torch < 2.13
+
+    def alltoall(self, outputs, inputs, opts=None):
+        opts = dist.AllToAllOptions() if opts is None else opts
+        sent = sum(_nbytes(t) for j, t in enumerate(inputs) if j != self.rank())
+        return self._forward("all_to_all", sum(_nbytes(t) for t in inputs), sent, "alltoall", outputs, inputs, opts)
+
+    def barrier(self, opts=None):
+        opts = dist.BarrierOptions() if opts is None else opts
+        return self._forward("barrier", 0, 0, "barrier", opts)
+
+    def monitored_barrier(self, *args, **kwargs):
+        return self._forward("barrier", 0, 0, "monitored_barrier", *args, **kwargs)
+
+    def gather(self, outputs, inputs, opts=None):
+        opts = dist.GatherOptions() if opts is None else opts
+        n = sum(_nbytes(t) for t in inputs)
+        return self._forward("gather", n, 0 if self.rank() == opts.rootRank else n, "gather", outputs, inputs, opts)
+
+    def scatter(self, outputs, inputs, opts=None):
+        opts = dist.ScatterOptions() if opts is None else opts
+        n = sum(_nbytes(t) for ts in inputs for t in ts)
+        return self._forward("scatter", n, n * (self.size() - 1) / self.size() if n else 0, "scatter",
+                             outputs, inputs, opts)
+
+    def reduce(self, tensors, opts=None):
+        opts = dist.ReduceOptions() if opts is None else opts
+        n = sum(_nbytes(t) for t in tensors)
+        return self._forward("reduce", n, n, "reduce", tensors, opts)
+
+    # ------------------------------------------------------------------ coalescing contexts
+    def _start_coalescing(self, device):
+        """`torch.distributed._coalescing_manager` opens a block; the calls inside are recorded by
+        torch and handed to the *_coalesced methods at its end, so there is nothing to open."""
+
+    def _end_coalescing(self, device):
+        return _done(None, torch.device(device) if device is not None else torch.device("cpu"))
+
+
+def _create(dist_opts, backend_opts):
+    """The registered backend's creator: the group `compressed_group` asked for, or (for a plain
+    ``dist.new_group(backend="taco")``) one over a new inner group made on first use."""
+    inner, policy = _pending[-1] if _pending else (None, None)
+    if policy is None:
+        from ..parallel.policy import CompressionPolicy
+
+        policy = CompressionPolicy()
+    return CompressingProcessGroup(dist_opts.group_rank, dist_opts.group_size, inner, policy,
+                                   list(dist_opts.global_ranks_in_group))
+
+
+def _register() -> None:
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
+    """A process group over `inner` that compresses what `policy` selects and forwards the rest.
+
+    Call it on every rank of `inner`, in the same order relative to other group creations (it
+    makes a new torch.distributed group over `inner`'s ranks, synchronizing only those ranks).
+
+    Args:
+        inner: the process group that carries the bytes (None: the default group). Its backend must
+            serve the tensors' device (gloo: CPU, nccl: CUDA).
+        policy: a `taco_triton.parallel.CompressionPolicy` (None: the default, FP8 E4M3 for every
+            site, messages from `policy.min_bytes` = 1 MiB up). Sites are named by
+            `taco_triton.integrations.sites.track_sites`.
+
+    Returns:
+        A `CompressingProcessGroup`, usable wherever torch.distributed takes a group.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+        TypeError: `inner` is not a process group, or `policy` lacks config_for/observe/min_bytes.
+        ValueError: `inner` is already a compressing group, or this rank is not in `inner`.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("compressed_group needs torch.distributed initialized (dist.init_process_group)")
+    if inner is None:
+        inner = dist.distributed_c10d._get_default_group()
+    if not isinstance(inner, dist.ProcessGroup):
+        raise TypeError(f"inner must be a torch.distributed ProcessGroup or None, got {type(inner).__name__}")
+    if isinstance(inner, CompressingProcessGroup):
+        raise ValueError("inner is already a compressing group; pass its .inner (compressing twice gains nothing)")
+    if policy is None:
+        from ..parallel.policy import CompressionPolicy
+
+        policy = CompressionPolicy()
+    missing = [a for a in ("config_for", "observe", "min_bytes") if not hasattr(policy, a)]
+    if missing:
+        raise TypeError(f"policy must be a CompressionPolicy (missing {missing}), got {type(policy).__name__}")
+    ranks = dist.get_process_group_ranks(inner)
+    if dist.get_rank() not in ranks:
+        raise ValueError(f"rank {dist.get_rank()} is not in the inner group (ranks {ranks})")
+    if ranks != sorted(ranks):
+        raise ValueError(f"the inner group's ranks must be in increasing order (as new_group makes them), got {ranks}")
+    _register()
+    with _lock:
+        _pending.append((inner, policy))
+        try:
+            group = dist.new_group(ranks, backend=BACKEND, use_local_synchronization=True)
+        finally:
+            _pending.pop()
+    return group
+
+
+_register()
