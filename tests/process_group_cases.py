@@ -70,10 +70,10 @@ def wire_bytes(rank: int, world: int) -> dict:
 def plain_calls(rank: int, world: int) -> dict:
     """Compressed results, forwarded exactness, list/coalesced forms, Work semantics, functional
     collectives, point-to-point, all_to_all, broadcast, barrier, gather/scatter, clear errors."""
+    report = {"wire": wire_bytes(rank, world)}
     policy = CompressionPolicy(min_bytes=MIN_BYTES)
     g = compressed_group(None, policy)
     inner = g.inner
-    report = {}
 
     # compressed all_reduce: bitwise what taco.all_reduce over the inner group gives, within the bound
     for dtype, op, red in ((torch.bfloat16, "sum", dist.ReduceOp.SUM), (torch.float32, "avg", dist.ReduceOp.AVG),
@@ -213,3 +213,302 @@ def plain_calls(rank: int, world: int) -> dict:
     report["errors"] = errors
     report["stats"] = {f"{k[0]}|{k[1]}": (v.calls, v.compressed) for k, v in g.stats.items()}
     return report
+
+
+# ------------------------------------------------------------------------------- bounds per collective
+def _reduce_scatter_bound(inputs: list[torch.Tensor], rank: int, cfg, dtype) -> float:
+    """L2 bound on rank `rank`'s reduce_scatter output: each rank's quantization of its slice, the
+    dense sum's rounding into `dtype`, FP32 sums (as the collective tests derive it)."""
+    from taco_triton import bounds
+
+    world = len(inputs)
+    rows = inputs[0].shape[0] // world
+    full = sum(t.double() for t in inputs)
+    bound = 0.0
+    for t in inputs:
+        piece = t[rank * rows : (rank + 1) * rows].contiguous()
+        bound += bounds.l2_error_bound(piece, taco.compress(piece, cfg, backend="torch"), torch.float32)
+    want = full[rank * rows : (rank + 1) * rows]
+    return bound + float(want.abs().norm()) * torch.finfo(dtype).eps + float(full.abs().norm()) * world * 2.0**-22
+
+
+def _all_gather_bound(shard: torch.Tensor, cfg) -> float:
+    from taco_triton import bounds
+
+    return bounds.l2_error_bound(shard.contiguous(), taco.compress(shard.contiguous(), cfg, backend="torch"), shard.dtype)
+
+
+def check_log(log: list, world: int, cfg) -> dict:
+    """Every collective a test layer issued, against its format bound: {kind: (count, max err/bound)}."""
+    used: dict = {}
+    for kind, inp, out in log:
+        inputs = _gather_all(inp, world)
+        rank = dist.get_rank()
+        if kind == "all_reduce":
+            exact = sum(t.double() for t in inputs)
+            bound = two_quantization_bound(inputs, cfg, inp.dtype, "sum")
+        elif kind == "reduce_scatter":
+            rows = inp.shape[0] // world
+            exact = sum(t.double() for t in inputs)[rank * rows : (rank + 1) * rows]
+            bound = _reduce_scatter_bound(inputs, rank, cfg, inp.dtype)
+        else:  # all_gather: every slice is its owner's single compression
+            exact = torch.cat([t.double() for t in inputs])
+            bound = sum(_all_gather_bound(t, cfg) ** 2 for t in inputs) ** 0.5
+        err = float((out.detach().double() - exact).norm())
+        assert err <= bound, (kind, tuple(inp.shape), err, bound)
+        n, worst = used.get(kind, (0, 0.0))
+        used[kind] = (n + 1, max(worst, err / bound))
+    return used
+
+
+# ------------------------------------------------------------------------------- TE-shaped layers
+# The three helpers issue exactly what TransformerEngine's transformer_engine/pytorch/distributed.py
+# issues on the TP group it is given (torch.distributed's own names, async_op and .wait()).
+def te_allreduce(inp, tp_group, async_op=False):
+    handle = dist.all_reduce(inp, group=tp_group, async_op=async_op)
+    return inp, handle
+
+
+def te_gather_along_first_dim(inp, process_group, async_op=False):
+    world = dist.get_world_size(process_group)
+    out = torch.empty([inp.shape[0] * world, *inp.shape[1:]], dtype=inp.dtype, device=inp.device)
+    handle = dist.all_gather_into_tensor(out, inp.contiguous(), group=process_group, async_op=async_op)
+    return out, handle
+
+
+def te_reduce_scatter_along_first_dim(inp, tp_group, async_op=False):
+    world = dist.get_world_size(tp_group)
+    out = torch.empty([inp.shape[0] // world, *inp.shape[1:]], dtype=inp.dtype, device=inp.device)
+    handle = dist.reduce_scatter_tensor(out, inp.contiguous(), group=tp_group, async_op=async_op)
+    return out, handle
+
+
+class _TEColumn(torch.autograd.Function):
+    """TE's column-parallel linear: SP input all-gather (async, waited before the GEMM); backward
+    dgrad reduce-scatter (SP) or all-reduce, async, overlapped with the wgrad GEMM."""
+
+    @staticmethod
+    def forward(ctx, x, w, group, sp, log):
+        total = x
+        if sp:
+            total, handle = te_gather_along_first_dim(x, group, async_op=True)
+            handle.wait()
+            log.append(("all_gather", x.detach().clone(), total))
+        ctx.save_for_backward(x, w)
+        ctx.group, ctx.sp, ctx.log = group, sp, log
+        return total @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        dgrad = g @ w
+        sent = dgrad.detach().clone()
+        if ctx.sp:
+            total, handle = te_gather_along_first_dim(x, ctx.group, async_op=True)  # for wgrad, as TE does
+            handle.wait()
+            ctx.log.append(("all_gather", x.detach().clone(), total))
+            out, handle = te_reduce_scatter_along_first_dim(dgrad, ctx.group, async_op=True)
+            wgrad = g.t() @ total
+            handle.wait()
+            ctx.log.append(("reduce_scatter", sent, out))
+            return out, wgrad, None, None, None
+        _, handle = te_allreduce(dgrad, ctx.group, async_op=True)
+        wgrad = g.t() @ x
+        handle.wait()
+        ctx.log.append(("all_reduce", sent, dgrad))
+        return dgrad, wgrad, None, None, None
+
+
+class _TERow(torch.autograd.Function):
+    """TE's row-parallel linear: output reduce-scatter (SP) or all-reduce; backward SP all-gather."""
+
+    @staticmethod
+    def forward(ctx, x, w, group, sp, log):
+        y = x @ w.t()
+        sent = y.detach().clone()
+        ctx.save_for_backward(x, w)
+        ctx.group, ctx.sp, ctx.log = group, sp, log
+        if sp:
+            out, _ = te_reduce_scatter_along_first_dim(y, group)
+            log.append(("reduce_scatter", sent, out))
+            return out
+        te_allreduce(y, group)
+        log.append(("all_reduce", sent, y))
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        if ctx.sp:
+            total, handle = te_gather_along_first_dim(g, ctx.group, async_op=True)
+            handle.wait()
+            ctx.log.append(("all_gather", g.detach().clone(), total))
+            g = total
+        return g @ w, g.t() @ x, None, None, None
+
+
+class TELinear(torch.nn.Module):
+    def __init__(self, fn, w: torch.Tensor, group, sp: bool, log: list):
+        super().__init__()
+        self.weight = torch.nn.Parameter(w)
+        self.fn, self.group, self.sp, self.log = fn, group, sp, log
+
+    def forward(self, x):
+        return self.fn.apply(x, self.weight, self.group, self.sp, self.log)
+
+
+class TEMlp(torch.nn.Module):
+    """fc1 (column) -> GELU -> fc2 (row), each rank holding its shard of the weights."""
+
+    def __init__(self, rank, world, group, sp, log, hidden=128, ffn=256, dtype=torch.bfloat16):
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        w1 = torch.randn(ffn, hidden, generator=gen) / hidden**0.5
+        w2 = torch.randn(hidden, ffn, generator=gen) / ffn**0.5
+        s = ffn // world
+        self.fc1 = TELinear(_TEColumn, w1[rank * s : (rank + 1) * s].to(dtype), group, sp, log)
+        self.fc2 = TELinear(_TERow, w2[:, rank * s : (rank + 1) * s].contiguous().to(dtype), group, sp, log)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def _te_step(rank, world, group, sp, tokens=64, hidden=128):
+    import warnings
+
+    log: list = []
+    model = TEMlp(rank, world, group, sp, log)
+    gen = torch.Generator().manual_seed(11 if sp else 10)
+    x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+    if sp:
+        x = x.chunk(world)[rank].contiguous()
+    x.requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 deprecates TE's *_tensor names
+        with sites_tracker(model):
+            y = model(x)
+            y.float().square().sum().backward()
+    return log, model
+
+
+def _native_cost(kind: str, inp: torch.Tensor, world: int) -> float:
+    """Bytes this rank sends for `kind` on `inp` uncompressed (WireStats' standard cost)."""
+    n = inp.numel() * inp.element_size()
+    return {"all_reduce": 2 * (world - 1) / world * n, "reduce_scatter": (world - 1) / world * n,
+            "all_gather": (world - 1) * n}[kind]
+
+
+def sites_tracker(model):
+    from taco_triton.integrations.sites import track_sites
+
+    return track_sites(model)
+
+
+def te_shaped(rank: int, world: int) -> dict:
+    """TE's calls through a compressing TP group, with and without sequence parallelism: every
+    collective compressed and within its format bound, site names from the module hooks, and
+    an exempt module's traffic forwarded."""
+    report = {}
+    for sp in (False, True):
+        g = compressed_group(None, CompressionPolicy(min_bytes=MIN_BYTES))
+        with taco.WireStats() as ws:
+            log, _ = _te_step(rank, world, g, sp)
+        report[f"sp={sp}"] = {"used": check_log(log, world, CFG), "wire_bytes": ws.wire_bytes,
+                              "native_bytes": sum(_native_cost(kind, inp, world) for kind, inp, _ in log),
+                              "stats": {f"{k[0]}|{k[1]}": (v.calls, v.compressed) for k, v in g.stats.items()},
+                              "compressed_calls": sum(c.compressed for c in ws.calls),
+                              "forwarded_calls": sum(not c.compressed for c in ws.calls)}
+    g = compressed_group(None, CompressionPolicy(min_bytes=MIN_BYTES, exempt=["fc1.*"]))
+    log, _ = _te_step(rank, world, g, False)
+    report["exempt_fc1"] = {f"{k[0]}|{k[1]}": (v.calls, v.compressed) for k, v in g.stats.items()}
+    return report
+
+
+# ------------------------------------------------------------------------------- DTensor and DDP
+class RecordingPolicy(CompressionPolicy):
+    """Keeps (site, direction, copy) of every tensor the group is about to compress."""
+
+    def observe(self, site, direction, tensor):
+        self.__dict__.setdefault("records", []).append((site, direction, tensor.detach().clone()))
+        super().observe(site, direction, tensor)
+
+
+def dtensor_and_ddp(rank: int, world: int) -> dict:
+    """DeviceMesh.from_group over a compressing group: Partial -> Replicate / Shard and Shard ->
+    Replicate are our collectives bit for bit (so within their bounds), a row-parallel matmul's
+    reduction within its bound, MAX reductions exact; DDP over a compressing group: every
+    gradient bucket compressed, the gradients within the summed bucket bounds of the exact mean."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    report = {}
+    g = compressed_group(None, CompressionPolicy(min_bytes=MIN_BYTES))
+    inner = g.inner
+    mesh = DeviceMesh.from_group(g, "cpu")
+    x = rank_input(rank, (world * 8, 512), torch.bfloat16, 20)
+    want = x.clone()
+    taco.all_reduce(want, inner, CFG, min_bytes=MIN_BYTES)
+    assert _same_bits(DTensor.from_local(x, mesh, [Partial()]).redistribute(mesh, [Replicate()]).to_local(), want)
+    rs = torch.empty(8, 512, dtype=torch.bfloat16)
+    taco.reduce_scatter(rs, x, inner, CFG, min_bytes=MIN_BYTES)
+    assert _same_bits(DTensor.from_local(x, mesh, [Partial()]).redistribute(mesh, [Shard(0)]).to_local(), rs)
+    ag = torch.empty(world * world * 8, 512, dtype=torch.bfloat16)
+    taco.all_gather(ag, x, inner, CFG, min_bytes=MIN_BYTES)
+    assert _same_bits(DTensor.from_local(x, mesh, [Shard(0)]).redistribute(mesh, [Replicate()]).to_local(), ag)
+    mx = DTensor.from_local(torch.arange(6.0) * (rank + 1), mesh, [Partial("max")]).redistribute(mesh, [Replicate()])
+    assert torch.equal(mx.to_local(), torch.arange(6.0) * world)
+    # row-parallel matmul: each rank's partial product, reduced by the redistribution
+    gen = torch.Generator().manual_seed(21)
+    a = torch.randn(32, 64 * world, generator=gen).to(torch.bfloat16)
+    w = torch.randn(64 * world, 128, generator=gen).to(torch.bfloat16)
+    part = a[:, rank * 64 : (rank + 1) * 64] @ w[rank * 64 : (rank + 1) * 64]
+    y = DTensor.from_local(part, mesh, [Partial()]).full_tensor()
+    parts = _gather_all(part, world)
+    err = float((y.double() - sum(t.double() for t in parts)).norm())
+    bound = two_quantization_bound(parts, CFG, torch.bfloat16, "sum")
+    assert 0 < err <= bound, (err, bound)
+    report["dtensor_matmul_bound_use"] = err / bound
+
+    # DDP: gradient buckets through a compressing data-parallel group
+    policy = RecordingPolicy(min_bytes=MIN_BYTES)
+    dp = compressed_group(None, policy)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    local = [p.detach().clone() for p in model.parameters()]
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=dp, bucket_cap_mb=0.02)
+    batch = torch.randn(16, 64, generator=torch.Generator().manual_seed(100 + rank))
+    with taco.WireStats() as ws:
+        ddp(batch).square().mean().backward()
+    got = [p.grad.detach().clone() for p in model.parameters()]
+    # the exact mean of the ranks' local gradients, computed without any communication
+    ref = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    with torch.no_grad():
+        for p, v in zip(ref.parameters(), local):
+            p.copy_(v)
+    ref(batch).square().mean().backward()
+    exact = [sum(t.double() for t in _gather_all(p.grad, world)) / world for p in ref.parameters()]
+    buckets = policy.records
+    assert len(buckets) >= 1 and all(d == "backward" for _, d, _ in buckets), [r[:2] for r in buckets]
+    bound = sum(two_quantization_bound(_gather_all(t, world), CFG, torch.float32, "sum") for _, _, t in buckets)
+    err = sum(float((a.double() - b).norm()) ** 2 for a, b in zip(got, exact)) ** 0.5
+    assert 0 < err <= bound, (err, bound)
+    assert all(torch.equal(a, b) for a, b in zip(got, _gather_all_list(got, world)))  # replicas agree bitwise
+    report["ddp"] = {"buckets": len(buckets), "bound_use": err / bound, "sites": sorted({r[0] for r in buckets}), "numels": [r[2].numel() for r in buckets],
+                     "compressed_wire": sum(c.wire_bytes for c in ws.calls if c.compressed),
+                     "grad_bytes": sum(p.numel() * 4 for p in model.parameters())}
+    return report
+
+
+def _gather_all_list(ts: list[torch.Tensor], world: int) -> list[torch.Tensor]:
+    """Rank 0's copy of each tensor (to compare every rank against)."""
+    out = []
+    for t in ts:
+        t0 = t.clone()
+        dist.broadcast(t0, src=0)
+        out.append(t0)
+    return out
+
+
+def model_users(rank: int, world: int) -> dict:
+    """One spawn for the model-level users of a group: the TE-shaped layers, DTensor and DDP."""
+    return {"te": te_shaped(rank, world), **dtensor_and_ddp(rank, world)}

@@ -1,25 +1,36 @@
 """The compressing process group: plain torch.distributed calls, functional collectives, DTensor,
 DDP, a TransformerEngine-shaped layer and megatron-core's group mode, on gloo ranks (CPU)."""
+import warnings
+
 import pytest
+import torch
 
 from . import process_group_cases as cases
 from .dist_utils import run_ranks
 
 
-@pytest.mark.parametrize("world", [2, 4], ids=["P2", "P4"])
-def test_bf16_all_reduce_sends_at_most_0_52x_of_the_inner_group(world):
-    """WireStats of the group's all_reduce against the same call forwarded, and the bytes each
-    process really wrote to its sockets against the inner group's own all_reduce."""
-    for r in run_ranks(cases.wire_bytes, world):
-        assert r["compressed"] <= 0.52 * r["forwarded"], r
-        assert r["forwarded"] == 2 * (world - 1) / world * r["nbytes"], r
-        assert r["compressed_kinds"] == ["all_gather", "all_to_all", "fingerprint"], r
-        assert r["socket_compressed"] <= 0.52 * r["socket_native"], r
+def _check_wire(r: dict, world: int) -> None:
+    """WireStats of the group's bf16 all_reduce against the same call forwarded, and the bytes
+    each process really wrote to its sockets against the inner group's own all_reduce."""
+    assert r["compressed"] <= 0.52 * r["forwarded"], r
+    assert r["forwarded"] == 2 * (world - 1) / world * r["nbytes"], r
+    assert r["compressed_kinds"] == ["all_gather", "all_to_all", "fingerprint"], r
+    assert r["socket_compressed"] <= 0.52 * r["socket_native"], r
+
+
+def test_bf16_all_reduce_sends_at_most_0_52x_of_the_inner_group_at_P4():
+    for r in run_ranks(cases.wire_bytes, 4):
+        _check_wire(r, 4)
 
 
 def test_plain_dist_calls_compress_or_forward_exactly():
+    """At P=2: the wire-byte check above, then compressed results bit for bit what
+    taco.all_reduce / reduce_scatter / all_gather over the inner group give (and within the
+    format bound), forwarded calls bit for bit the inner group's, list/coalesced/functional
+    forms, Work semantics, point-to-point and the other forwarded collectives, clear errors."""
     reports = run_ranks(cases.plain_calls, 2)
     for r in reports:
+        _check_wire(r["wire"], 2)
         errors = r["errors"]
         assert "no backend for meta tensors" in errors["device"], errors
         assert "already a compressing group" in errors["twice"], errors
@@ -45,3 +56,71 @@ def test_backend_is_registered_under_its_name():
 
     assert process_group.BACKEND.upper() in dist.Backend._plugins
     assert process_group.BACKEND in dist.Backend.backend_list
+
+
+@pytest.fixture(scope="module")
+def users():
+    return run_ranks(cases.model_users, 2)
+
+
+def test_te_shaped_layers_compress_every_call_within_its_bound(users):
+    """TransformerEngine's calls (all_reduce of the row-parallel output and of the column-parallel
+    dgrad, SP all_gather / reduce_scatter along dim 0 with async_op and wait) through the group:
+    each collective within its format bound (checked on the ranks), about half the bytes."""
+    for r in users:
+        te = r["te"]
+        plain, sp = te["sp=False"], te["sp=True"]
+        assert plain["used"]["all_reduce"][0] == 2 and plain["forwarded_calls"] == 0
+        assert sp["used"]["all_gather"][0] == 3 and sp["used"]["reduce_scatter"][0] == 2 and sp["forwarded_calls"] == 0
+        for case in (plain, sp):
+            assert case["wire_bytes"] <= 0.6 * case["native_bytes"], case  # fp8 of bf16 plus scales, tags and chunk padding
+            assert all(0 < use <= 1 for _, use in case["used"].values()), case
+
+
+def test_site_helper_names_the_module_and_direction(users):
+    for r in users:
+        assert r["te"]["sp=False"]["stats"] == {"fc2.all_reduce|forward": (1, 1), "fc1.all_reduce|backward": (1, 1)}
+        assert r["te"]["sp=True"]["stats"] == {
+            "fc1.all_gather|forward": (1, 1), "fc2.reduce_scatter|forward": (1, 1), "fc2.all_gather|backward": (1, 1),
+            "fc1.all_gather|backward": (1, 1), "fc1.reduce_scatter|backward": (1, 1)}
+        # exempt=["fc1.*"]: fc1's dgrad all_reduce is forwarded, fc2's output all_reduce compressed
+        assert r["te"]["exempt_fc1"] == {"fc2.all_reduce|forward": (1, 1), "fc1.all_reduce|backward": (1, 0)}
+
+
+def test_dtensor_and_ddp_over_a_compressing_group(users):
+    for r in users:
+        assert 0 < r["dtensor_matmul_bound_use"] <= 1
+        ddp = r["ddp"]
+        assert ddp["buckets"] >= 1 and ddp["sites"] == ["all_reduce"] and 0 < ddp["bound_use"] <= 1
+        assert ddp["compressed_wire"] < 0.5 * ddp["grad_bytes"]  # FP32 gradients as FP8: about a quarter
+
+
+def test_track_sites_outside_distributed():
+    from taco_triton.integrations.sites import current_site, track_sites
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(4, 2)))
+    seen = []
+    model[2][0].register_forward_hook(lambda m, a, o: seen.append(current_site("all_reduce")))
+    model[2][0].weight.register_hook(lambda g: seen.append(current_site("all_reduce")))
+    x = torch.ones(3, 4)
+    with track_sites(model) as tracker:
+        model(x).sum().backward()
+        assert tracker.names == ["0", "2.0"]  # modules that own parameters
+    assert seen == [("2.0.all_reduce", "forward"), ("2.0.all_reduce", "backward")]
+    seen.clear()
+    model(x).sum().backward()  # removed: calls use the bare collective name
+    assert seen == [("all_reduce", "forward"), ("all_reduce", "backward")]
+
+
+def test_a_pattern_that_names_no_site_warns_once():
+    from taco_triton.integrations.sites import track_sites
+    from taco_triton.parallel import CompressionPolicy
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    policy = CompressionPolicy(exempt=["0.*", "layers.9.*"])
+    with pytest.warns(UserWarning, match="'layers.9.\\*' matches no communication site"):
+        with track_sites(model, policies=[policy]):
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        track_sites(model, policies=[policy]).remove()  # once per policy and pattern

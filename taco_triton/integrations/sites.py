@@ -10,7 +10,10 @@ whose forward or backward is running, so that an ``all_reduce`` issued inside
   tracked module wins.
 - Backward: in each tracked module's forward hook, a pre-hook is put on the autograd nodes that
   produced its outputs; when the backward pass reaches them, that module becomes the backward
-  site until the next tracked module's nodes are reached (backward runs the modules in reverse).
+  site until the next tracked module's nodes are reached (backward runs the modules in reverse),
+  for that backward pass only. Calls a backward pass makes before it reaches any tracked
+  module, or outside one (e.g. DDP's gradient buckets after the last module), may carry the
+  name of the module whose backward ran last.
   The graph is not changed (no identity Functions around inputs or outputs), so in-place
   operations on module outputs keep working.
 - The direction is "backward" while the autograd engine runs a backward pass, else "forward".
@@ -37,22 +40,28 @@ __all__ = ["KINDS", "SiteTracker", "check_patterns", "current_site", "track_site
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "send")
 
 _forward_stack: list[str] = []
-_backward_site: list[str | None] = [None]
+_backward_site: list = [None, -1]  # [module name, the backward pass (graph task id) that set it]
 _trackers: list["SiteTracker"] = []
 _warned: set[tuple[int, str]] = set()
 
 
+def _graph_task() -> int:
+    """The id of the backward pass the autograd engine runs in this thread; -1 outside one."""
+    fn = getattr(torch._C, "_current_graph_task_id", None)
+    return fn() if fn is not None else -1
+
+
 def in_backward() -> bool:
     """True while the autograd engine runs a backward pass (in this thread)."""
-    fn = getattr(torch._C, "_current_graph_task_id", None)
-    return fn is not None and fn() != -1
+    return _graph_task() != -1
 
 
 def current_site(kind: str) -> tuple[str, str]:
     """(site, direction) of a `kind` collective issued now: ``"<module>.<kind>"`` inside a tracked
     module, the bare `kind` outside every one."""
-    if in_backward():
-        module, direction = _backward_site[0], "backward"
+    task = _graph_task()
+    if task != -1:  # a site set by an earlier backward pass is stale
+        module, direction = (_backward_site[0] if _backward_site[1] == task else None), "backward"
     else:
         module, direction = (_forward_stack[-1] if _forward_stack else None), "forward"
     return (f"{module}.{kind}" if module else kind), direction
@@ -128,13 +137,12 @@ def track_sites(model: torch.nn.Module, *, include: Callable[[str, torch.nn.Modu
         def hook(module, args):
             if not _forward_stack:
                 hooked.clear()
-                _backward_site[0] = None
             _forward_stack.append(name)
         return hook
 
     def post(name):
         def set_backward_site(*_):
-            _backward_site[0] = name
+            _backward_site[:] = [name, _graph_task()]
 
         def hook(module, args, out):
             if _forward_stack and _forward_stack[-1] == name:
