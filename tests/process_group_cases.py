@@ -155,24 +155,46 @@ def plain_calls(rank: int, world: int) -> dict:
     assert _same_bits(fc.all_gather_tensor(x, 0, g), ag)
     assert torch.equal(fc.all_reduce(torch.arange(5) + rank, "max", g), torch.arange(5) + world - 1)
 
-    # forwarded unchanged: broadcast, p2p, batch_isend_irecv, all_to_all, barrier, gather, scatter
+    # point-to-point: float messages from min_bytes up compressed once (the receiver decodes
+    # exactly what the sender's compression holds), the rest forwarded bit for bit
+    from taco_triton.collectives import p2p
+
+    peer, src = (rank + 1) % world, (rank - 1) % world
+    msg = rank_input(rank, (3000,), torch.bfloat16, 11)
+    ints = torch.arange(2000, dtype=torch.int32) * (rank + 1)
+    recv, recv_ints = torch.empty_like(msg), torch.empty_like(ints)
+    with taco.WireStats() as ws:
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, msg, peer, g), dist.P2POp(dist.irecv, recv, src, g),
+                                       dist.P2POp(dist.isend, ints, peer, g), dist.P2POp(dist.irecv, recv_ints, src, g)])
+        for r in reqs:
+            r.wait()
+    sent = rank_input(src, (3000,), torch.bfloat16, 11)
+    want = torch.empty_like(sent)
+    p2p.decode_into(p2p.encode(sent, CFG), want, CFG)
+    assert _same_bits(recv, want) and not _same_bits(recv, sent)
+    assert torch.equal(recv_ints, torch.arange(2000, dtype=torch.int32) * (src + 1))
+    report["p2p_sends"] = sorted((c.compressed, c.wire_bytes) for c in ws.calls if c.kind == "send")
+    strided = torch.empty(3000, 2, dtype=torch.bfloat16)[:, 0]  # a non-contiguous receive buffer
+    if rank == 0:
+        dist.send(msg, 1, group=g)
+        exempt = compressed_group(None, CompressionPolicy(min_bytes=MIN_BYTES, exempt=["p2p"]))
+        dist.send(msg, 1, group=exempt)
+    elif rank == 1:
+        dist.recv(strided, 0, group=g)
+        want = torch.empty_like(msg)
+        p2p.decode_into(p2p.encode(rank_input(0, (3000,), torch.bfloat16, 11), CFG), want, CFG)
+        assert _same_bits(strided, want)
+        exempt = compressed_group(None, CompressionPolicy(min_bytes=MIN_BYTES, exempt=["p2p"]))
+        got = torch.empty_like(msg)
+        dist.recv(got, 0, group=exempt)
+        assert _same_bits(got, rank_input(0, (3000,), torch.bfloat16, 11))
+    else:
+        exempt = compressed_group(None, CompressionPolicy(min_bytes=MIN_BYTES, exempt=["p2p"]))
+
+    # forwarded unchanged: broadcast, all_to_all, barrier, gather, scatter, objects
     b = torch.full((3,), float(rank))
     dist.broadcast(b, src=1, group=g)
     assert torch.equal(b, torch.full((3,), 1.0))
-    peer = 1 - rank if world == 2 else (rank + 1) % world
-    src = (rank - 1) % world
-    msg = rank_input(rank, (3000,), torch.bfloat16, 11)
-    recv = torch.empty_like(msg)
-    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, msg, peer, g), dist.P2POp(dist.irecv, recv, src, g)])
-    for r in reqs:
-        r.wait()
-    assert _same_bits(recv, rank_input(src, (3000,), torch.bfloat16, 11))
-    if rank == 0:
-        dist.send(msg, 1, group=g)
-    elif rank == 1:
-        got = torch.empty_like(msg)
-        dist.recv(got, 0, group=g)
-        assert _same_bits(got, rank_input(0, (3000,), torch.bfloat16, 11))
     a2a_in = torch.arange(world * 2, dtype=torch.float32) + 100 * rank
     a2a_out = torch.empty_like(a2a_in)
     dist.all_to_all_single(a2a_out, a2a_in, group=g)

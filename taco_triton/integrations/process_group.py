@@ -13,8 +13,12 @@ list and coalesced forms, the functional collectives (and so DTensor), DDP, send
 Compressed: SUM and AVG all_reduce / reduce_scatter and all_gather of bf16, fp16 and fp32
 tensors of at least ``policy.min_bytes`` bytes whose site the policy gives a config (see
 `taco_triton.integrations.sites` for how sites are named); they run
-`taco_triton.all_reduce / reduce_scatter / all_gather` over `inner`. Everything else (integer
-dtypes, MAX/MIN/PRODUCT/PREMUL_SUM, small messages, exempt sites, point-to-point, all_to_all,
+`taco_triton.all_reduce / reduce_scatter / all_gather` over `inner`. Point-to-point messages
+(send/recv, isend/irecv, batch_isend_irecv) of such tensors are compressed once by the sender
+and decompressed by the receiver when it waits, with the policy's config at site ``"p2p"``,
+direction "forward", at both ends (sender and receiver must decide alike from what both know;
+``recv`` from any source is forwarded, so do not mix it with compressed sends). Everything else
+(integer dtypes, MAX/MIN/PRODUCT/PREMUL_SUM, small messages, exempt sites, all_to_all,
 broadcast, barrier, gather, scatter, reduce) is handed to `inner` unchanged, with the same
 options, and is bit for bit what `inner` gives.
 
@@ -35,18 +39,20 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..collectives import _pg
+from ..collectives import _pg, p2p
 from ..collectives import compressed as coll
 from ..config import INPUT_DTYPES
 from . import sites
 
-__all__ = ["BACKEND", "CompressingProcessGroup", "GroupStats", "compressed_group"]
+__all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupStats", "compressed_group"]
 
 #: The name the group's backend is registered under (``dist.new_group(ranks, backend="taco")``
 #: makes one over a new inner group of the default backend, with the default policy).
 BACKEND = "taco"
 
 _C10D = torch._C._distributed_c10d
+#: The site of point-to-point messages (the same at both ends; ``exempt=["p2p"]`` forwards them).
+P2P_SITE = "p2p"
 _COMPRESSIBLE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
 _lock = threading.Lock()
 _pending: list = []  # (inner, policy) handed from compressed_group to the backend creator
@@ -91,6 +97,43 @@ def _all_of(works: list, result, device: torch.device):
         return works[0]
     fut = torch.futures.collect_all([w.get_future() for w in works]).then(lambda _: result)
     return _C10D._create_work_from_future(fut)
+
+
+class _DecodeOnWait(dist.Work):
+    """A compressed receive's Work: `wait()` waits for the wire buffer, then decompresses it into
+    the caller's tensor (once); a failed receive keeps raising its error."""
+
+    def __init__(self, work, wire: torch.Tensor, tensor: torch.Tensor, cfg):
+        super().__init__()
+        self._work, self._wire, self._tensor, self._cfg = work, wire, tensor, cfg
+        self._error: BaseException | None = None
+
+    def wait(self, timeout=None) -> bool:
+        if self._error is not None:
+            raise self._error
+        if self._wire is not None:
+            try:
+                self._work.wait()
+                if self._tensor.is_contiguous():
+                    p2p.decode_into(self._wire, self._tensor, self._cfg)
+                else:
+                    dense = torch.empty_like(self._tensor, memory_format=torch.contiguous_format)
+                    p2p.decode_into(self._wire, dense, self._cfg)
+                    self._tensor.copy_(dense)
+            except BaseException as e:
+                self._error = e
+                raise
+            self._wire = None
+        return True
+
+    def is_completed(self) -> bool:
+        return self._wire is None and self._error is None
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def exception(self):
+        return self._error
 
 
 class CompressingProcessGroup(dist.ProcessGroup):
@@ -289,12 +332,45 @@ class CompressingProcessGroup(dist.ProcessGroup):
         n = sum(_nbytes(t) for t in tensors)
         return self._forward("broadcast", n, n if self.rank() == opts.rootRank else 0, "broadcast", tensors, opts)
 
+    # ------------------------------------------------------------------ point-to-point
+    def _p2p_config(self, tensors):
+        """The config of a message, decided alike by sender and receiver from what both know: the
+        policy at site "p2p", direction "forward", the dtype and size (never the module or the
+        direction, which differ between the two ends)."""
+        if len(tensors) != 1:
+            return None
+        (t,) = tensors
+        if self.size() == 1 or t.dtype not in INPUT_DTYPES or _nbytes(t) < self.policy.min_bytes:
+            return None
+        return self.policy.config_for(P2P_SITE, "forward")
+
+    def _count_p2p(self, kind: str, t: torch.Tensor, compressed: bool) -> None:
+        st = self.stats.setdefault((P2P_SITE, "forward", kind), GroupStats())
+        st.calls += 1
+        st.compressed += compressed
+        st.bytes += _nbytes(t)
+
     def send(self, tensors, dst, tag=0):
-        n = sum(_nbytes(t) for t in tensors)
-        return self._forward("send", n, n, "send", tensors, dst, tag)
+        cfg = self._p2p_config(tensors)
+        if cfg is None:
+            n = sum(_nbytes(t) for t in tensors)
+            return self._forward("send", n, n, "send", tensors, dst, tag)
+        (t,) = tensors
+        inner = self._inner_for(t)
+        self._count_p2p("send", t, True)
+        wire = p2p.encode(t, cfg)
+        p2p.record_send(wire, True)
+        return inner.send([wire], dst, tag)  # the Work keeps `wire` alive until it is sent
 
     def recv(self, tensors, src, tag=0):
-        return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv", tensors, src, tag)
+        cfg = self._p2p_config(tensors)
+        if cfg is None:
+            return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv", tensors, src, tag)
+        (t,) = tensors
+        inner = self._inner_for(t)
+        self._count_p2p("recv", t, True)
+        wire = p2p.wire_like(t, cfg)
+        return _DecodeOnWait(inner.recv([wire], src, tag), wire, t, cfg)
 
     def recv_anysource(self, tensors, tag=0):
         return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv_anysource", tensors, tag)
