@@ -534,3 +534,76 @@ def _gather_all_list(ts: list[torch.Tensor], world: int) -> list[torch.Tensor]:
 def model_users(rank: int, world: int) -> dict:
     """One spawn for the model-level users of a group: the TE-shaped layers, DTensor and DDP."""
     return {"te": te_shaped(rank, world), **dtensor_and_ddp(rank, world)}
+
+
+# ------------------------------------------------------------------------------- megatron group mode
+def _compressed_bytes(ws) -> tuple[int, float]:
+    return sum(c.compressed for c in ws.calls), sum(c.wire_bytes for c in ws.calls if c.compressed)
+
+
+def megatron_group_mode(rank: int, world: int) -> dict:
+    """megatron-core's local-spec GPT, one forward/backward step in the mappings mode (`enable`)
+    and in the group mode (`enable_groups`, model built after it) from the same weights and batch,
+    same uniform policy: the same compressed calls and bytes, bitwise the same loss and gradients.
+    Then enable/disable round trips of the group mode (TP, DP, PP groups restored)."""
+    import os
+
+    from megatron.core import parallel_state as ps
+
+    from taco_triton.integrations import megatron as tm
+
+    from . import megatron_cases as mc
+
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    out = {}
+    policy = CompressionPolicy(min_bytes=MIN_BYTES)
+    with tm.cpu_compat():
+        mc._init(world)
+        try:
+            tp_orig = ps.get_tensor_model_parallel_group()
+            batch = mc._batch()
+            model = mc._gpt(world)
+            with taco.WireStats() as ws_map, tm.enable(policy, model=model) as h:
+                ref = mc._step(model, batch)
+            out["mappings_calls"] = sum(s.compressed for s in h.stats.values())
+            out["mappings"] = _compressed_bytes(ws_map)
+
+            with tm.enable_groups(policy) as gh:
+                assert ps.get_tensor_model_parallel_group() is gh.groups["tp"]
+                model = mc._gpt(world)  # built after the groups were replaced
+                gh.track(model)
+                with taco.WireStats() as ws_grp:
+                    got = mc._step(model, batch)
+                out["group"] = _compressed_bytes(ws_grp)
+                tp = gh.groups["tp"]
+                out["group_sites"] = sorted(f"{s}|{d}" for (s, d, _), st in tp.stats.items() if st.compressed)
+                out["group_forwarded"] = sorted(f"{s}|{d}" for (s, d, _), st in tp.stats.items()
+                                                if st.calls > st.compressed)
+                try:
+                    tm.enable(policy).disable()
+                    out["both"] = "no error"
+                except RuntimeError as e:
+                    out["both"] = str(e)
+            out["restored_tp"] = ps.get_tensor_model_parallel_group() is tp_orig
+            out["loss_equal"] = bool(torch.equal(ref["loss"], got["loss"]))
+            out["grads_equal"] = mc._same(ref["grads"], got["grads"])
+            out["loss"] = float(got["loss"])
+
+            dp_orig, pp_orig = ps.get_data_parallel_group(), ps.get_pipeline_model_parallel_group()
+            gh = tm.enable_groups(policy, dp=True, pp=True)
+            swapped = {a: type(g).__name__ for a, g in gh.groups.items()}
+            same_dp = ps.get_data_parallel_group() is ps.get_data_parallel_group(with_context_parallel=True)
+            try:
+                tm.enable_groups(policy)
+                second = "no error"
+            except RuntimeError as e:
+                second = str(e)
+            gh.disable()
+            gh.disable()
+            out["round_trip"] = {"swapped": swapped, "same_dp": same_dp, "second": second,
+                                 "restored": ps.get_data_parallel_group() is dp_orig
+                                 and ps.get_pipeline_model_parallel_group() is pp_orig
+                                 and ps.get_tensor_model_parallel_group() is tp_orig}
+        finally:
+            ps.destroy_model_parallel()
+    return out

@@ -127,3 +127,38 @@ def test_a_pattern_that_names_no_site_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         track_sites(model, policies=[policy]).remove()  # once per policy and pattern
+
+
+def _have_megatron() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@pytest.mark.skipif(not _have_megatron(), reason="megatron-core not installed (pip install 'megatron-core==0.16.1')")
+def test_megatron_group_mode_matches_the_mappings_mode():
+    """megatron-core's local-spec GPT: the group mode (groups replaced before the model is built)
+    compresses the same calls with the same bytes as the mappings mode, and the loss and every
+    gradient are bitwise the same; sites carry the issuing module; disable restores the groups."""
+    from . import megatron_cases as mc
+
+    for r in run_ranks(cases.megatron_group_mode, 2, timeout_s=300, pg_timeout_s=120):
+        assert r["mappings_calls"] == 2 * mc.LAYERS * 2 + 2  # forward: embedding + 2 per layer; backward: 2 per layer + output
+        assert r["group"] == r["mappings"] and r["group"][0] == 2 * r["mappings_calls"], r  # all_to_all + all_gather each
+        assert r["loss_equal"] and r["grads_equal"], r
+        fwd = {"embedding.word_embeddings.all_reduce|forward"} | {
+            f"decoder.layers.{i}.{m}.all_reduce|forward" for i in range(mc.LAYERS)
+            for m in ("self_attention.linear_proj", "mlp.linear_fc2")}
+        bwd = {"output_layer.all_reduce|backward"} | {
+            f"decoder.layers.{i}.{m}.all_reduce|backward" for i in range(mc.LAYERS)
+            for m in ("self_attention.linear_qkv", "mlp.linear_fc1")}
+        assert set(r["group_sites"]) == fwd | bwd, r["group_sites"]
+        assert r["group_forwarded"] == ["all_reduce|forward"]  # the cross-entropy's small FP32 and MAX all-reduces
+        assert "use one mode at a time" in r["both"]
+        assert r["restored_tp"]
+        rt = r["round_trip"]
+        assert rt["swapped"] == {a: "CompressingProcessGroup" for a in ("tp", "dp", "pp")} and rt["restored"], rt
+        assert "already enabled" in rt["second"], rt

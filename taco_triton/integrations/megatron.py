@@ -728,6 +728,8 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
         raise RuntimeError(
             f"taco_triton.integrations.megatron is already enabled ({_active!r}); call its disable() first"
         )
+    if _active_groups is not None:
+        raise RuntimeError("the group mode (enable_groups) is active: use one mode at a time; call its disable() first")
     modules = _import_megatron()
     missing = [f"{mod.__name__.rsplit('.', 1)[-1]}.{n}" for mod, names in
                zip(modules, (_MAPPINGS_GLOBALS, _LAYERS_GLOBALS, _P2P_GLOBALS, _DDP_GLOBALS))
