@@ -222,7 +222,7 @@ def plain_calls(rank: int, world: int) -> dict:
         errors["device"] = str(e)
     try:
         compressed_group(g)
-    except ValueError as e:
+    except TypeError as e:
         errors["twice"] = str(e)
     try:
         compressed_group(None, policy="fp8")

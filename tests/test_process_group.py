@@ -121,9 +121,9 @@ def test_a_pattern_that_names_no_site_warns_once():
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     policy = CompressionPolicy(exempt=["0.*", "layers.9.*"])
-    with pytest.warns(UserWarning, match="'layers.9.\\*' matches no communication site"):
-        with track_sites(model, policies=[policy]):
-            pass
+    with pytest.warns(UserWarning, match="'layers.9.\\*' matches no communication site"), \
+            track_sites(model, policies=[policy]):
+        pass
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         track_sites(model, policies=[policy]).remove()  # once per policy and pattern

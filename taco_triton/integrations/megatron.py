@@ -844,7 +844,7 @@ GROUP_GLOBALS = {
     "pp": ("_PIPELINE_MODEL_PARALLEL_GROUP",),
 }
 
-_active_groups: "GroupsHandle | None" = None
+_active_groups: GroupsHandle | None = None
 
 
 class GroupsHandle:
@@ -890,7 +890,7 @@ class GroupsHandle:
         if _active_groups is self:
             _active_groups = None
 
-    def __enter__(self) -> "GroupsHandle":
+    def __enter__(self) -> GroupsHandle:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -461,8 +461,9 @@ def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
 
     Raises:
         RuntimeError: torch.distributed is not initialized.
-        TypeError: `inner` is not a process group, or `policy` lacks config_for/observe/min_bytes.
-        ValueError: `inner` is already a compressing group, or this rank is not in `inner`.
+        TypeError: `inner` is not a process group or is already a compressing group, or `policy`
+            lacks config_for/observe/min_bytes.
+        ValueError: this rank is not in `inner`, or its ranks are not in increasing order.
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("compressed_group needs torch.distributed initialized (dist.init_process_group)")
@@ -471,7 +472,7 @@ def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
     if not isinstance(inner, dist.ProcessGroup):
         raise TypeError(f"inner must be a torch.distributed ProcessGroup or None, got {type(inner).__name__}")
     if isinstance(inner, CompressingProcessGroup):
-        raise ValueError("inner is already a compressing group; pass its .inner (compressing twice gains nothing)")
+        raise TypeError("inner is already a compressing group; pass its .inner (compressing twice gains nothing)")
     if policy is None:
         from ..parallel.policy import CompressionPolicy
 

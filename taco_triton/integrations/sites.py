@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import fnmatch
 import warnings
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -41,7 +41,7 @@ KINDS = ("all_reduce", "reduce_scatter", "all_gather", "send")
 
 _forward_stack: list[str] = []
 _backward_site: list = [None, -1]  # [module name, the backward pass (graph task id) that set it]
-_trackers: list["SiteTracker"] = []
+_trackers: list[SiteTracker] = []
 _warned: set[tuple[int, str]] = set()
 
 
@@ -90,7 +90,7 @@ class SiteTracker:
         if self in _trackers:
             _trackers.remove(self)
 
-    def __enter__(self) -> "SiteTracker":
+    def __enter__(self) -> SiteTracker:
         return self
 
     def __exit__(self, *exc) -> None:
