@@ -202,7 +202,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             st = self.stats[(site, direction, kind)] = GroupStats()
         st.calls += 1
         st.bytes += nbytes
-        if not self._patterns_checked:
+        if not self._patterns_checked and sites.tracking():
             self._patterns_checked = True
             sites.check_patterns(self.policy)
         if (op is None or self.size() == 1 or tensor.dtype not in INPUT_DTYPES

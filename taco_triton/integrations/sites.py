@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-__all__ = ["KINDS", "SiteTracker", "check_patterns", "current_site", "track_sites"]
+__all__ = ["KINDS", "SiteTracker", "check_patterns", "current_site", "track_sites", "tracking"]
 
 #: The collective names that end a site (what the compressing process group decides for).
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "send")
@@ -65,6 +65,11 @@ def current_site(kind: str) -> tuple[str, str]:
     else:
         module, direction = (_forward_stack[-1] if _forward_stack else None), "forward"
     return (f"{module}.{kind}" if module else kind), direction
+
+
+def tracking() -> bool:
+    """True while some `track_sites` tracker is installed."""
+    return bool(_trackers)
 
 
 def _owns_parameters(name: str, module: torch.nn.Module) -> bool:
@@ -178,10 +183,11 @@ def _tensors(out) -> list[torch.Tensor]:
 
 def check_patterns(policy, sites: list[str] | None = None) -> list[str]:
     """The `exempt` and `overrides` patterns of `policy` that match none of `sites` (default:
-    the sites of every active tracker, or only the bare kinds when none is active); warns once
-    per policy and pattern."""
+    the sites of every active tracker, or only the bare kinds when none is active) nor the
+    point-to-point site "p2p"; warns once per policy and pattern."""
     if sites is None:
         sites = sorted({s for t in _trackers for s in t.sites()}) or list(KINDS)
+    sites = [*sites, "p2p"]
     patterns = list(getattr(policy, "exempt", ())) + list(dict(getattr(policy, "overrides", {}) or {}))
     unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(s, p) for s in sites)]
     for p in unmatched:
