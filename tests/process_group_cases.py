@@ -228,10 +228,13 @@ def plain_calls(rank: int, world: int) -> dict:
         compressed_group(None, policy="fp8")
     except TypeError as e:
         errors["policy"] = str(e)
-    try:  # a mis-sized reduce_scatter is forwarded and the inner group's own error surfaces
-        REDUCE_SCATTER(torch.empty(3, dtype=torch.bfloat16), torch.empty(7, dtype=torch.bfloat16), group=g)
-    except (RuntimeError, ValueError) as e:
-        errors["size"] = str(e)
+    for name, call in (("reduce_scatter", lambda: REDUCE_SCATTER(torch.empty(3, dtype=torch.bfloat16),
+                                                                  torch.empty(7, dtype=torch.bfloat16), group=g)),
+                       ("all_gather", lambda: ALL_GATHER(torch.empty(7), torch.empty(3), group=g))):
+        try:  # refused before anything is sent (gloo's own check would abort the process)
+            call()
+        except ValueError as e:
+            errors[name] = str(e)
     report["errors"] = errors
     report["stats"] = {f"{k[0]}|{k[1]}": (v.calls, v.compressed) for k, v in g.stats.items()}
     return report

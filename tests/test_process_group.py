@@ -35,7 +35,9 @@ def test_plain_dist_calls_compress_or_forward_exactly():
         assert "no backend for meta tensors" in errors["device"], errors
         assert "already a compressing group" in errors["twice"], errors
         assert "must be a CompressionPolicy" in errors["policy"], errors
-        assert "size" in errors, errors
+        assert "reduce_scatter: the input must hold world_size (2) times the output's elements" in errors["reduce_scatter"]
+        assert "(7,) torch.bfloat16, output (3,)" in errors["reduce_scatter"]
+        assert "all_gather: the output must hold world_size (2) times the input's elements" in errors["all_gather"]
         # p2p: the float message compressed (about half its 6000 bytes), the int32 one forwarded
         (c0, b0), (c1, b1) = r["p2p_sends"]
         assert (c0, b0) == (False, 8000.0) and c1 and b1 <= 0.52 * 6000, r["p2p_sends"]

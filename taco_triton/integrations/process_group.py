@@ -214,6 +214,14 @@ class CompressingProcessGroup(dist.ProcessGroup):
             st.compressed += 1
         return cfg
 
+    def _check_pair(self, kind: str, big_name: str, big: torch.Tensor, small_name: str, small: torch.Tensor) -> None:
+        """ValueError, before anything is sent, unless `big` holds world_size times `small`'s
+        elements in its dtype (some backends abort the process on a mismatch instead)."""
+        if big.numel() != self.size() * small.numel() or big.dtype != small.dtype:
+            raise ValueError(
+                f"{kind}: the {big_name} must hold world_size ({self.size()}) times the {small_name}'s elements, in "
+                f"its dtype; got {big_name} {tuple(big.shape)} {big.dtype}, {small_name} {tuple(small.shape)} {small.dtype}")
+
     def _forward(self, kind: str, nbytes: float, wire: float, method: str, *args):
         """Hand a call to `inner`'s method of the same name, unchanged, counting its bytes."""
         _pg._record(kind, int(nbytes), float(wire), False)
@@ -254,9 +262,10 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):
         opts = dist.ReduceScatterOptions() if opts is None else opts
         inner = self._inner_for(input)
+        self._check_pair("reduce_scatter", "input", input, "output", output)
         op = _op_of(opts)
         cfg = self._decide("reduce_scatter", input, _nbytes(input), op)
-        if cfg is None or input.numel() != self.size() * output.numel() or input.dtype != output.dtype:
+        if cfg is None:
             n = _nbytes(input)
             method = "reduce_scatter_single" if hasattr(inner, "reduce_scatter_single") else "_reduce_scatter_base"
             return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, method, output, input, opts)
@@ -268,7 +277,8 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = dist.ReduceScatterOptions() if opts is None else opts
         if len(outputs) == 1 and len(input_lists[0]) == self.size() and all(
-                t.shape == outputs[0].shape and t.dtype == outputs[0].dtype for t in input_lists[0]):
+                t.shape == outputs[0].shape and t.dtype == outputs[0].dtype for t in input_lists[0]) and \
+                self._decide_peek(outputs[0], _nbytes(outputs[0]) * self.size(), _op_of(opts)):
             flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
             return self.reduce_scatter_single(outputs[0], flat, opts)
         n = sum(_nbytes(t) for ts in input_lists for t in ts)
@@ -286,8 +296,9 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         opts = dist.AllgatherOptions() if opts is None else opts
         inner = self._inner_for(input)
+        self._check_pair("all_gather", "output", output, "input", input)
         cfg = self._decide("all_gather", input, _nbytes(output), "sum")
-        if cfg is None or output.numel() != self.size() * input.numel() or input.dtype != output.dtype:
+        if cfg is None:
             method = "all_gather_single" if hasattr(inner, "all_gather_single") else "_allgather_base"
             return self._forward("all_gather", _nbytes(input), (self.size() - 1) * _nbytes(input), method,
                                  output, input, opts)
@@ -302,7 +313,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
                 t.shape == inputs[0].shape and t.dtype == inputs[0].dtype for t in output_lists[0]):
             (inp,), outs = inputs, output_lists[0]
             flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
-            if self._decide_peek("all_gather", inp, _nbytes(flat)):
+            if self._decide_peek(inp, _nbytes(flat), "sum"):
                 self.all_gather_single(flat, inp.reshape(-1), opts)
                 for r, o in enumerate(outs):
                     o.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view(o.shape))
@@ -310,9 +321,10 @@ class CompressingProcessGroup(dist.ProcessGroup):
         n = sum(_nbytes(t) for t in inputs)
         return self._forward("all_gather", n, (self.size() - 1) * n, "allgather", output_lists, inputs, opts)
 
-    def _decide_peek(self, kind: str, tensor: torch.Tensor, nbytes: int) -> bool:
-        """Whether a call could be compressed (dtype, size, group size) before it is counted."""
-        return self.size() > 1 and tensor.dtype in INPUT_DTYPES and nbytes >= self.policy.min_bytes
+    def _decide_peek(self, tensor: torch.Tensor, nbytes: int, op: str | None) -> bool:
+        """Whether a list-form call could be compressed (op, dtype, size), before it is counted;
+        if not, it is forwarded in its own form."""
+        return op is not None and self.size() > 1 and tensor.dtype in INPUT_DTYPES and nbytes >= self.policy.min_bytes
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = dist.AllgatherOptions() if opts is None else opts
