@@ -524,6 +524,50 @@ def dtensor_and_ddp(rank: int, world: int) -> dict:
     return report
 
 
+def fsdp2(rank: int, world: int) -> dict:
+    """FSDP2 (fully_shard) over a compressing group: its gradient reduce-scatters compressed, the
+    gathered gradients within the summed format bounds of the exact mean of the ranks' local
+    gradients. The parameter all-gathers are exempt (site "all_gather": outside tracked modules
+    the site is the bare collective name), so the forward sees exact weights and every gradient
+    error comes from the reduce-scatters; they are compressed when not exempt (checked too)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+
+    batch = torch.randn(16, 64, generator=torch.Generator().manual_seed(200 + rank))
+    ref = build()
+    ref(batch).square().mean().backward()
+    exact = [sum(t.double() for t in _gather_all(p.grad, world)) / world for p in ref.parameters()]
+    report = {}
+    for exempt in (["all_gather"], []):
+        policy = RecordingPolicy(min_bytes=1024, exempt=exempt)
+        g = compressed_group(None, policy)
+        mesh = DeviceMesh.from_group(g, "cpu")
+        model = build()
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model(batch).square().mean().backward()
+        stats = {f"{k[0]}|{k[1]}": (v.calls, v.compressed) for k, v in g.stats.items()}
+        if exempt:
+            got = [p.grad.full_tensor() for p in model.parameters()]  # exempt all_gather: exact
+            err = sum(float((a.double() - b).norm()) ** 2 for a, b in zip(got, exact)) ** 0.5
+            bound = 0.0
+            scatters = [t for site, _, t in policy.records if site == "reduce_scatter"]
+            assert len(scatters) == 2, [r[:2] for r in policy.records]  # one per fully_shard'ed Linear
+            for t in scatters:  # each reduce-scatter: this rank's shard bound, then all ranks'
+                mine = torch.tensor([_reduce_scatter_bound(_gather_all(t, world), rank, CFG, t.dtype)], dtype=torch.float64)
+                bound += float(torch.cat(_gather_all(mine, world)).norm())
+            assert 0 < err <= bound, (err, bound)
+            report["bound_use"] = err / bound
+        report[f"stats_exempt={exempt}"] = stats
+    return report
+
+
 def _gather_all_list(ts: list[torch.Tensor], world: int) -> list[torch.Tensor]:
     """Rank 0's copy of each tensor (to compare every rank against)."""
     out = []
@@ -536,7 +580,7 @@ def _gather_all_list(ts: list[torch.Tensor], world: int) -> list[torch.Tensor]:
 
 def model_users(rank: int, world: int) -> dict:
     """One spawn for the model-level users of a group: the TE-shaped layers, DTensor and DDP."""
-    return {"te": te_shaped(rank, world), **dtensor_and_ddp(rank, world)}
+    return {"te": te_shaped(rank, world), **dtensor_and_ddp(rank, world), "fsdp2": fsdp2(rank, world)}
 
 
 # ------------------------------------------------------------------------------- megatron group mode

@@ -100,6 +100,18 @@ def test_dtensor_and_ddp_over_a_compressing_group(users):
         assert ddp["compressed_wire"] < 0.5 * ddp["grad_bytes"]  # FP32 gradients as FP8: about a quarter
 
 
+def test_fsdp2_over_a_compressing_group(users):
+    """fully_shard over DeviceMesh.from_group(compressing group): gradient reduce-scatters within
+    their format bounds (parameter all-gathers exempt), and all-gathers compressed when not."""
+    for r in users:
+        f = r["fsdp2"]
+        assert 0 < f["bound_use"] <= 1
+        assert f["stats_exempt=['all_gather']"] == {"all_gather|forward": (2, 0), "all_gather|backward": (2, 0),
+                                                     "reduce_scatter|backward": (2, 2)}
+        assert f["stats_exempt=[]"] == {"all_gather|forward": (2, 2), "all_gather|backward": (2, 2),
+                                        "reduce_scatter|backward": (2, 2)}
+
+
 def test_track_sites_outside_distributed():
     from taco_triton.integrations.sites import current_site, track_sites
 
