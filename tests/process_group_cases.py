@@ -236,6 +236,19 @@ def plain_calls(rank: int, world: int) -> dict:
         except ValueError as e:
             errors[name] = str(e)
     report["errors"] = errors
+
+    # a max_error plan: calibrated from what the group's sites carried, then in force on every rank
+    cal = CompressionPolicy(min_bytes=MIN_BYTES, calibrate_steps=1, max_error=0.05)
+    cg = compressed_group(None, cal)
+    x = rank_input(rank, (6, 1500), torch.bfloat16, 30)
+    dist.all_reduce(x.clone(), group=cg)
+    cal.step(cg)
+    plan = cal.plan_dict()
+    y, want = x.clone(), x.clone()
+    dist.all_reduce(y, group=cg)
+    taco.all_reduce(want, inner, plan["all_reduce|forward"], min_bytes=MIN_BYTES)
+    assert _same_bits(y, want)
+    report["plan"] = {k: (c.codec, c.group_size) for k, c in plan.items()}
     report["stats"] = {f"{k[0]}|{k[1]}": (v.calls, v.compressed) for k, v in g.stats.items()}
     return report
 

@@ -41,6 +41,7 @@ def test_plain_dist_calls_compress_or_forward_exactly():
         # p2p: the float message compressed (about half its 6000 bytes), the int32 one forwarded
         (c0, b0), (c1, b1) = r["p2p_sends"]
         assert (c0, b0) == (False, 8000.0) and c1 and b1 <= 0.52 * 6000, r["p2p_sends"]
+        assert list(r["plan"]) == ["all_reduce|forward"] and r["plan"] == reports[0]["plan"]  # one plan, every rank
         stats = r["stats"]
         # calls outside any tracked module use the bare collective name as site
         assert stats["all_reduce|forward"][1] >= 5 and stats["all_reduce|forward"][0] > stats["all_reduce|forward"][1]
