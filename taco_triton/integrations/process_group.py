@@ -101,7 +101,8 @@ def _all_of(works: list, result, device: torch.device):
 
 class _DecodeOnWait(dist.Work):
     """A compressed receive's Work: `wait()` waits for the wire buffer, then decompresses it into
-    the caller's tensor (once); a failed receive keeps raising its error."""
+    the caller's tensor (once); a failed receive keeps raising its error. It has no future
+    (receives are waited on, as torch's gloo receives are)."""
 
     def __init__(self, work, wire: torch.Tensor, tensor: torch.Tensor, cfg):
         super().__init__()
@@ -206,7 +207,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             self._patterns_checked = True
             sites.check_patterns(self.policy)
         if (op is None or self.size() == 1 or tensor.dtype not in INPUT_DTYPES
-                or nbytes < self.policy.min_bytes or tensor.is_complex()):
+                or nbytes < self.policy.min_bytes or tensor.layout != torch.strided):
             return None
         self.policy.observe(site, direction, tensor)
         cfg = self.policy.config_for(site, direction)
@@ -352,7 +353,8 @@ class CompressingProcessGroup(dist.ProcessGroup):
         if len(tensors) != 1:
             return None
         (t,) = tensors
-        if self.size() == 1 or t.dtype not in INPUT_DTYPES or _nbytes(t) < self.policy.min_bytes:
+        if (self.size() == 1 or t.dtype not in INPUT_DTYPES or _nbytes(t) < self.policy.min_bytes
+                or t.layout != torch.strided):
             return None
         return self.policy.config_for(P2P_SITE, "forward")
 
