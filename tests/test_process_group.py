@@ -177,3 +177,19 @@ def test_megatron_group_mode_matches_the_mappings_mode():
         rt = r["round_trip"]
         assert rt["swapped"] == {a: "CompressingProcessGroup" for a in ("tp", "dp", "pp")} and rt["restored"], rt
         assert "already enabled" in rt["second"], rt
+
+
+def test_a_failed_compressed_receive_keeps_raising():
+    """The receive Work of a compressed message: an error of the inner receive surfaces at wait(),
+    again at every later wait(), and the Work never reports completion."""
+    from taco_triton.integrations.process_group import _DecodeOnWait
+
+    class Broken:
+        def wait(self, timeout=None):
+            raise RuntimeError("peer closed the connection")
+
+    w = _DecodeOnWait(Broken(), torch.zeros(8, dtype=torch.uint8), torch.zeros(4), None)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="peer closed"):
+            w.wait()
+    assert not w.is_completed() and isinstance(w.exception(), RuntimeError)

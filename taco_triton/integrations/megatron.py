@@ -1,6 +1,12 @@
 """Route megatron-core's tensor-parallel (TP) communication through taco_triton's collectives,
 and its pipeline-parallel (PP) send/recv and data-parallel (DP) gradient reduction too.
 
+Two modes. `enable` (the mappings mode, described below) replaces megatron-core's communication
+functions. `enable_groups` (the group mode, at the end of this module) replaces megatron's
+process groups in ``parallel_state`` by compressing ones (`taco_triton.compressed_group`) before
+the model is built, which also reaches code that talks to the group directly, such as
+TransformerEngine's layers; pick it for ``--transformer-impl transformer_engine``.
+
 PP: ``p2p_communication._p2p_ops`` / ``_batched_p2p_ops`` are replaced; each message is decided
 by the PP policy at site ``megatron.pp.<direction>.stage<i>_to_stage<j>`` (direction "forward"
 for activations, "backward" for activation gradients; i, j pipeline ranks), the sender
