@@ -4,6 +4,8 @@ Each body runs many checks in one spawn; every check asserts on the rank that ru
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -667,3 +669,58 @@ def megatron_group_mode(rank: int, world: int) -> dict:
         finally:
             ps.destroy_model_parallel()
     return out
+
+
+def megatron_pp_group_mode(rank: int, world: int) -> dict:
+    """megatron-core's pipeline (PP = 2, the example's stage, its own p2p code and schedule): one
+    training step in the mappings mode and one in the group mode with the pipeline group replaced
+    (pp=True), same INT8 policy: every stage-boundary message compressed in both, the same bytes,
+    bitwise the same loss and gradients."""
+    import argparse
+    import os
+
+    from megatron.core import parallel_state as ps
+
+    from taco_triton.examples.train_megatron import Stage
+    from taco_triton.integrations import megatron as tm
+
+    from .megatron_3d_cases import ARGS, _grads, _step
+
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    args = argparse.Namespace(**ARGS)
+    policy = CompressionPolicy(default=taco.CompressionConfig(codec="int8"), min_bytes=0)
+    out = {}
+    with tm.cpu_compat():
+        ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=world)
+        try:
+            x = torch.randint(0, 256, (args.batch, args.seq), generator=torch.Generator().manual_seed(11))
+            batch = (x, torch.roll(x, -1, dims=1))
+            mapped = _step(Stage(args, 1, world, torch.device("cpu")), batch, policy)
+            with tm.enable_groups(policy, pp=True) as gh:
+                stage = Stage(args, 1, world, torch.device("cpu"))  # built after the groups were replaced
+                stage.model.zero_grad_buffer()
+                with taco.WireStats() as ws:
+                    loss = stage._run(*batch, forward_only=False)
+                    stage.model.finish_grad_sync()
+                grads = _grads(stage)
+                pp_stats = {f"{s}|{k}": (st.calls, st.compressed) for (s, _, k), st in gh.groups["pp"].stats.items()}
+            out["mapped_pp"] = mapped["axes"]["pp"]
+            out["group_pp"] = (sum(st[0] for k, st in pp_stats.items() if k == "p2p|send"),
+                               sum(c.wire_bytes for c in ws.calls if c.kind == "send" and c.compressed))
+            out["pp_stats"] = pp_stats
+            # the loss is NaN off the last stage (it has none) in both modes
+            out["loss_equal"] = loss == mapped["loss"] or (math.isnan(loss) and math.isnan(mapped["loss"]))
+            out["grads_equal"] = mc_same(grads, mapped["grads"])
+            out["last_stage"] = ps.is_pipeline_last_stage()
+        finally:
+            ps.destroy_model_parallel()
+    return out
+
+
+def mc_same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def megatron_modes(rank: int, world: int) -> dict:
+    """One spawn for both megatron comparisons (importing megatron-core costs most of the time)."""
+    return {"tp": megatron_group_mode(rank, world), "pp": megatron_pp_group_mode(rank, world)}

@@ -155,12 +155,17 @@ def _have_megatron() -> bool:
 
 @pytest.mark.skipif(not _have_megatron(), reason="megatron-core not installed (pip install 'megatron-core==0.16.1')")
 def test_megatron_group_mode_matches_the_mappings_mode():
-    """megatron-core's local-spec GPT: the group mode (groups replaced before the model is built)
-    compresses the same calls with the same bytes as the mappings mode, and the loss and every
-    gradient are bitwise the same; sites carry the issuing module; disable restores the groups."""
+    """megatron-core's local-spec GPT at TP = 2: the group mode (groups replaced before the model
+    is built) compresses the same calls with the same bytes as the mappings mode, and the loss and
+    every gradient are bitwise the same; sites carry the issuing module; disable restores the
+    groups. Then PP = 2 (megatron's schedule and p2p code, its DDP): the group mode with the
+    pipeline group replaced sends the same compressed stage-boundary bytes as the mappings mode,
+    with bitwise the same loss and gradients."""
     from . import megatron_cases as mc
 
-    for r in run_ranks(cases.megatron_group_mode, 2, timeout_s=300, pg_timeout_s=120):
+    results = run_ranks(cases.megatron_modes, 2, timeout_s=400, pg_timeout_s=120)
+    for rr in results:
+        r = rr["tp"]
         assert r["mappings_calls"] == 2 * mc.LAYERS * 2 + 2  # forward: embedding + 2 per layer; backward: 2 per layer + output
         assert r["group"] == r["mappings"] and r["group"][0] == 2 * r["mappings_calls"], r  # all_to_all + all_gather each
         assert r["loss_equal"] and r["grads_equal"], r
@@ -177,6 +182,13 @@ def test_megatron_group_mode_matches_the_mappings_mode():
         rt = r["round_trip"]
         assert rt["swapped"] == {a: "CompressingProcessGroup" for a in ("tp", "dp", "pp")} and rt["restored"], rt
         assert "already enabled" in rt["second"], rt
+    for rr in results:
+        pp = rr["pp"]
+        assert pp["loss_equal"] and pp["grads_equal"], pp
+        calls, compressed, wire = pp["mapped_pp"]
+        assert calls == compressed > 0 and pp["group_pp"] == (calls // 2, wire), pp  # mappings count sends and receives
+        assert pp["pp_stats"] == {"p2p|send": (2, 2), "p2p|recv": (2, 2)}, pp  # 2 microbatches, one way each
+    assert [rr["pp"]["last_stage"] for rr in results] == [False, True]
 
 
 def test_a_failed_compressed_receive_keeps_raising():
