@@ -723,4 +723,52 @@ def mc_same(a: dict, b: dict) -> bool:
 
 def megatron_modes(rank: int, world: int) -> dict:
     """One spawn for both megatron comparisons (importing megatron-core costs most of the time)."""
-    return {"tp": megatron_group_mode(rank, world), "pp": megatron_pp_group_mode(rank, world)}
+    return {"tp": megatron_group_mode(rank, world), "pp": megatron_pp_group_mode(rank, world),
+            "dp": megatron_dp_group_mode(rank, world)}
+
+
+def megatron_dp_group_mode(rank: int, world: int) -> dict:
+    """megatron-core's DDP at DP = 2 (TP = PP = 1): one training step's gradient reduction in the
+    mappings mode and in the group mode with the data-parallel group replaced (dp=policy), same
+    INT8 nearest-rounding DP policy: the same compressed bytes, bitwise the same gradients."""
+    import argparse
+    import os
+
+    from megatron.core import parallel_state as ps
+
+    from taco_triton.examples.train_megatron import Stage
+    from taco_triton.integrations import megatron as tm
+
+    from .megatron_3d_cases import ARGS, _grads, _step
+
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    args = argparse.Namespace(**ARGS)
+    dp = CompressionPolicy(default=taco.CompressionConfig(codec="int8"), min_bytes=0)
+    tp = CompressionPolicy(default=None)
+    out = {}
+    with tm.cpu_compat():
+        ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        try:
+            x = torch.randint(0, 256, (args.batch, args.seq), generator=torch.Generator().manual_seed(20 + rank))
+            batch = (x, torch.roll(x, -1, dims=1))
+            ref = _step(Stage(args, 1, 1, torch.device("cpu")), batch)
+            mapped = _step(Stage(args, 1, 1, torch.device("cpu")), batch, tp, dp=dp)
+            with tm.enable_groups(tp, dp=dp) as gh:
+                stage = Stage(args, 1, 1, torch.device("cpu"))  # built after the groups were replaced
+                stage.model.zero_grad_buffer()
+                with taco.WireStats() as ws:
+                    stage._run(*batch, forward_only=False)
+                    stage.model.finish_grad_sync()
+                grads = _grads(stage)
+                ddp_group = gh.replaced["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"]  # what megatron's DDP reduces over
+                dp_stats = {f"{s}|{d}|{k}": (st.calls, st.compressed) for (s, d, k), st in ddp_group.stats.items()}
+            out["mapped_dp"] = mapped["axes"]["dp"]
+            # the payload of the compressed calls plus the per-call fingerprints (the mappings mode counts both)
+            out["group_dp"] = (sum(c.compressed for c in ws.calls),
+                               sum(c.wire_bytes for c in ws.calls if c.compressed) + ws.fingerprint_bytes)
+            out["dp_stats"] = dp_stats
+            out["grads_equal"] = mc_same(grads, mapped["grads"])
+            out["grads_changed"] = not mc_same(grads, ref["grads"])
+        finally:
+            ps.destroy_model_parallel()
+    return out

@@ -160,7 +160,8 @@ def test_megatron_group_mode_matches_the_mappings_mode():
     every gradient are bitwise the same; sites carry the issuing module; disable restores the
     groups. Then PP = 2 (megatron's schedule and p2p code, its DDP): the group mode with the
     pipeline group replaced sends the same compressed stage-boundary bytes as the mappings mode,
-    with bitwise the same loss and gradients."""
+    with bitwise the same loss and gradients. Then DP = 2: megatron's DDP over the replaced
+    data-parallel group, the same compressed gradient bytes and bitwise the same gradients."""
     from . import megatron_cases as mc
 
     results = run_ranks(cases.megatron_modes, 2, timeout_s=400, pg_timeout_s=120)
@@ -189,6 +190,14 @@ def test_megatron_group_mode_matches_the_mappings_mode():
         assert calls == compressed > 0 and pp["group_pp"] == (calls // 2, wire), pp  # mappings count sends and receives
         assert pp["pp_stats"] == {"p2p|send": (2, 2), "p2p|recv": (2, 2)}, pp  # 2 microbatches, one way each
     assert [rr["pp"]["last_stage"] for rr in results] == [False, True]
+    for rr in results:
+        dp = rr["dp"]
+        assert dp["grads_equal"] and dp["grads_changed"], dp
+        calls, compressed, wire = dp["mapped_dp"]
+        assert calls == compressed == 1 and dp["group_dp"] == (2, wire), dp  # one bucket: all_to_all + all_gather
+        # without overlap_grad_reduce megatron reduces in finish_grad_sync, after the backward pass:
+        # outside it, the group sees direction "forward"
+        assert dp["dp_stats"] == {"all_reduce|forward|all_reduce": (1, 1)}, dp
 
 
 def test_a_failed_compressed_receive_keeps_raising():

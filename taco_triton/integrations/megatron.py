@@ -846,7 +846,10 @@ def cpu_compat():
 #: compressing group).
 GROUP_GLOBALS = {
     "tp": ("_TENSOR_MODEL_PARALLEL_GROUP",),
-    "dp": ("_DATA_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP_WITH_CP"),
+    # megatron's DDP reduces gradients over the intra-partial group (the same object as the one
+    # with CP when there is one distributed-optimizer instance)
+    "dp": ("_DATA_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP_WITH_CP", "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP",
+           "_DATA_PARALLEL_GROUP_WITH_CP_AG"),
     "pp": ("_PIPELINE_MODEL_PARALLEL_GROUP",),
 }
 
@@ -860,8 +863,10 @@ class GroupsHandle:
     def __init__(self, parallel_state, policies: dict):
         self._ps = parallel_state
         self.policies = policies
-        #: {axis: the CompressingProcessGroup that replaced megatron's group}
+        #: {axis: the CompressingProcessGroup that replaced the axis's first group in GROUP_GLOBALS}
         self.groups: dict = {}
+        #: {parallel_state global name: the CompressingProcessGroup now there}
+        self.replaced: dict = {}
         self._saved: list[tuple[str, Any, Any]] = []
         self._trackers: list = []
         self._active = False
@@ -972,6 +977,7 @@ def enable_groups(policy=None, *, tp=None, dp=None, pp=None) -> GroupsHandle:
                     made[id(orig)] = compressed_group(orig, pol)
                 ours = made[id(orig)]
                 handle._saved.append((name, orig, ours))
+                handle.replaced[name] = ours
                 setattr(ps, name, ours)
                 handle.groups.setdefault(axis, ours)
     except BaseException:
