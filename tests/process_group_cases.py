@@ -230,6 +230,10 @@ def plain_calls(rank: int, world: int) -> dict:
         compressed_group(None, policy="fp8")
     except TypeError as e:
         errors["policy"] = str(e)
+    try:  # an op the inner group lacks: forwarded unchanged, the inner group's own error surfaces
+        dist.all_reduce(torch.ones(4), op=dist._make_nccl_premul_sum(2.0), group=g)
+    except RuntimeError as e:
+        errors["inner_lacks"] = str(e)
     for name, call in (("reduce_scatter", lambda: REDUCE_SCATTER(torch.empty(3, dtype=torch.bfloat16),
                                                                   torch.empty(7, dtype=torch.bfloat16), group=g)),
                        ("all_gather", lambda: ALL_GATHER(torch.empty(7), torch.empty(3), group=g))):

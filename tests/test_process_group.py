@@ -37,6 +37,7 @@ def test_plain_dist_calls_compress_or_forward_exactly():
         assert "must be a CompressionPolicy" in errors["policy"], errors
         assert "reduce_scatter: the input must hold world_size (2) times the output's elements" in errors["reduce_scatter"]
         assert "(7,) torch.bfloat16, output (3,)" in errors["reduce_scatter"]
+        assert "Cannot use ReduceOp.PREMUL_SUM with Gloo" in errors["inner_lacks"], errors
         assert "all_gather: the output must hold world_size (2) times the input's elements" in errors["all_gather"]
         # p2p: the float message compressed (about half its 6000 bytes), the int32 one forwarded
         (c0, b0), (c1, b1) = r["p2p_sends"]

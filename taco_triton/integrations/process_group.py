@@ -231,10 +231,10 @@ class CompressingProcessGroup(dist.ProcessGroup):
         try:
             return fn(*args)
         except RuntimeError as e:
-            if "No backend type associated" in str(e) or "not supported" in str(e).lower():
-                raise RuntimeError(f"compressed group: the inner group (backend {dist.get_backend(inner)!r}) "
-                                   f"cannot run {method}: {e}") from e
-            raise
+            if type(e) is not RuntimeError:  # keep torch's own error types (DistBackendError, ...)
+                raise
+            raise RuntimeError(f"compressed group: the inner group (backend {dist.get_backend(inner)!r}) "
+                               f"cannot run {method} (forwarded unchanged): {e}") from e
 
     # ------------------------------------------------------------------ all_reduce
     def allreduce(self, tensors, opts=None):
