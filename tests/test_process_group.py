@@ -129,6 +129,10 @@ def test_track_sites_outside_distributed():
     seen.clear()
     model(x).sum().backward()  # removed: calls use the bare collective name
     assert seen == [("all_reduce", "forward"), ("all_reduce", "backward")]
+    with track_sites(model):  # a forward that raises leaves no stale site behind
+        with pytest.raises(RuntimeError):
+            model(torch.ones(3, 5))
+        assert current_site("all_reduce") == ("all_reduce", "forward")
 
 
 def test_a_pattern_that_names_no_site_warns_once():

@@ -152,7 +152,7 @@ def track_sites(model: torch.nn.Module, *, include: Callable[[str, torch.nn.Modu
         def hook(module, args, out):
             if _forward_stack and _forward_stack[-1] == name:
                 _forward_stack.pop()
-            elif name in _forward_stack:  # an inner module raised: drop what it left
+            elif name in _forward_stack:  # drop what an inner module left (e.g. hooks removed mid-forward)
                 del _forward_stack[len(_forward_stack) - 1 - _forward_stack[::-1].index(name):]
             if torch.is_grad_enabled():
                 for t in _tensors(out):
@@ -164,7 +164,8 @@ def track_sites(model: torch.nn.Module, *, include: Callable[[str, torch.nn.Modu
 
     for name, module in chosen:
         tracker._handles.append(module.register_forward_pre_hook(pre(name)))
-        tracker._handles.append(module.register_forward_hook(post(name)))
+        # always_call: a forward that raises still leaves the stack as it found it
+        tracker._handles.append(module.register_forward_hook(post(name), always_call=True))
     _trackers.append(tracker)
     for policy in policies:
         check_patterns(policy, tracker.sites())
