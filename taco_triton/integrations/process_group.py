@@ -83,7 +83,12 @@ def _op_of(opts):
 
 def _done(result, device: torch.device):
     """A completed Work whose future holds `result` (on CUDA: with the current stream's events)."""
-    fut = torch.futures.Future(devices=[device]) if device.type == "cuda" else torch.futures.Future()
+    if device.type == "cuda" and result is not None:
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        fut = torch.futures.Future(devices=[device])
+    else:  # CPU work is done; a coalescing block's end has no tensors to order
+        fut = torch.futures.Future()
     fut.set_result(result)
     return _C10D._create_work_from_future(fut)
 
