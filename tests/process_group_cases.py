@@ -141,6 +141,25 @@ def plain_calls(rank: int, world: int) -> dict:
     wa = a.clone()
     taco.all_reduce(wa, inner, CFG, min_bytes=MIN_BYTES)
     assert _same_bits(ya, wa) and torch.equal(yb, sum(_gather_all(b, world)))
+    # coalesced reduce_scatter / all_gather (FSDP-style buckets), a compressed and a forwarded one each
+    big, ints = rank_input(rank, (world * 4000,), torch.bfloat16, 12), torch.arange(world * 6) * (rank + 1)
+    rs_big, rs_ints = torch.empty(4000, dtype=torch.bfloat16), torch.empty(6, dtype=torch.int64)
+    ag_big, ag_ints = torch.empty(world * world * 4000, dtype=torch.bfloat16), torch.empty(world * world * 6,
+                                                                                        dtype=torch.int64)
+    with _coalescing_manager(group=g, device=torch.device("cpu"), async_ops=True) as cm:
+        REDUCE_SCATTER(rs_big, big, group=g)
+        REDUCE_SCATTER(rs_ints, ints, group=g)
+    cm.wait()
+    with _coalescing_manager(group=g, device=torch.device("cpu"), async_ops=True) as cm:
+        ALL_GATHER(ag_big, big, group=g)
+        ALL_GATHER(ag_ints, ints, group=g)
+    cm.wait()
+    want_rs, want_ag = torch.empty_like(rs_big), torch.empty_like(ag_big)
+    taco.reduce_scatter(want_rs, big, inner, CFG, min_bytes=MIN_BYTES)
+    taco.all_gather(want_ag, big, inner, CFG, min_bytes=MIN_BYTES)
+    assert _same_bits(rs_big, want_rs) and _same_bits(ag_big, want_ag)
+    all_ints = _gather_all(ints, world)
+    assert torch.equal(rs_ints, sum(all_ints)[rank * 6 : (rank + 1) * 6]) and torch.equal(ag_ints, torch.cat(all_ints))
 
     # functional collectives (what DTensor uses)
     import torch.distributed._functional_collectives as fc

@@ -98,10 +98,33 @@ def _all_of(works: list, result, device: torch.device):
     works = [w for w in works if w is not None]
     if not works:
         return _done(result, device)
-    if len(works) == 1 and result is None:
-        return works[0]
-    fut = torch.futures.collect_all([w.get_future() for w in works]).then(lambda _: result)
-    return _C10D._create_work_from_future(fut)
+    return _WaitAll(works, result)
+
+
+class _WaitAll(dist.Work):
+    """The Work of a coalesced call: `wait()` waits for each part's Work, in order."""
+
+    def __init__(self, works: list, result):
+        super().__init__()
+        self._works, self._result = works, result
+
+    def wait(self, timeout=None) -> bool:
+        for w in self._works:
+            w.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def get_future(self):
+        try:
+            futures = [w.get_future() for w in self._works]
+        except RuntimeError:  # some Works have no future (gloo's reduce_scatter, send, ...): wait now
+            self.wait()
+            fut = torch.futures.Future()
+            fut.set_result(self._result)
+            return fut
+        return torch.futures.collect_all(futures).then(lambda _: self._result)
 
 
 class _DecodeOnWait(dist.Work):
@@ -157,6 +180,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         self.stats: dict[tuple[str, str, str], GroupStats] = {}
         self._checked_devices: set[str] = set()
         self._patterns_checked = False
+        self._coalescing: list | None = None  # the Works issued inside a coalescing block
 
     # ------------------------------------------------------------------ identity
     @property
@@ -234,7 +258,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         inner = self.inner
         fn = getattr(inner, method)
         try:
-            return fn(*args)
+            return self._track(fn(*args))
         except RuntimeError as e:
             if type(e) is not RuntimeError:  # keep torch's own error types (DistBackendError, ...)
                 raise
@@ -255,7 +279,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             n = _nbytes(t)
             return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, "allreduce", tensors, opts)
         coll.all_reduce(t, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
-        return _done([t], t.device)
+        return self._track(_done([t], t.device))
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
@@ -276,7 +300,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             method = "reduce_scatter_single" if hasattr(inner, "reduce_scatter_single") else "_reduce_scatter_base"
             return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, method, output, input, opts)
         coll.reduce_scatter(output, input, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
-        return _done([output], output.device)
+        return self._track(_done([output], output.device))
 
     _reduce_scatter_base = reduce_scatter_single  # the name torch < 2.13 calls
 
@@ -309,7 +333,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             return self._forward("all_gather", _nbytes(input), (self.size() - 1) * _nbytes(input), method,
                                  output, input, opts)
         coll.all_gather(output, input, inner, cfg, min_bytes=self.policy.min_bytes)
-        return _done([output], output.device)
+        return self._track(_done([output], output.device))
 
     _allgather_base = all_gather_single  # the name torch < 2.13 calls
 
@@ -379,7 +403,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         self._count_p2p("send", t, True)
         wire = p2p.encode(t, cfg)
         p2p.record_send(wire, True)
-        return inner.send([wire], dst, tag)  # the Work keeps `wire` alive until it is sent
+        return self._track(inner.send([wire], dst, tag))  # the Work keeps `wire` alive until it is sent
 
     def recv(self, tensors, src, tag=0):
         cfg = self._p2p_config(tensors)
@@ -389,7 +413,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         inner = self._inner_for(t)
         self._count_p2p("recv", t, True)
         wire = p2p.wire_like(t, cfg)
-        return _DecodeOnWait(inner.recv([wire], src, tag), wire, t, cfg)
+        return self._track(_DecodeOnWait(inner.recv([wire], src, tag), wire, t, cfg))
 
     def recv_anysource(self, tensors, tag=0):
         return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv_anysource", tensors, tag)
@@ -437,12 +461,21 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return self._forward("reduce", n, n, "reduce", tensors, opts)
 
     # ------------------------------------------------------------------ coalescing contexts
+    def _track(self, work):
+        """`work`, also kept for the end of an open coalescing block."""
+        if self._coalescing is not None and work is not None:
+            self._coalescing.append(work)
+        return work
+
     def _start_coalescing(self, device):
-        """`torch.distributed._coalescing_manager` opens a block; the calls inside are recorded by
-        torch and handed to the *_coalesced methods at its end, so there is nothing to open."""
+        """`torch.distributed._coalescing_manager` opens a block: torch records the collectives
+        inside and hands them to the *_coalesced methods at its end, then takes the block's Work
+        from `_end_coalescing`, which therefore covers every Work issued in between."""
+        self._coalescing = []
 
     def _end_coalescing(self, device):
-        return _done(None, torch.device(device) if device is not None else torch.device("cpu"))
+        works, self._coalescing = self._coalescing or [], None
+        return _all_of(works, None, torch.device(device) if device is not None else torch.device("cpu"))
 
 
 def _create(dist_opts, backend_opts):
