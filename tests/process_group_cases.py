@@ -262,6 +262,17 @@ def plain_calls(rank: int, world: int) -> dict:
             errors[name] = str(e)
     report["errors"] = errors
 
+    # the registered backend name: dist.new_group(backend="taco") makes a compressing group over a
+    # new inner group of the default backend (made at its first call), with the default policy
+    from taco_triton.integrations.process_group import BACKEND, CompressingProcessGroup
+
+    named = dist.new_group(list(range(world)), backend=BACKEND)
+    z = torch.arange(5) + rank
+    dist.all_reduce(z, group=named)
+    assert isinstance(named, CompressingProcessGroup) and dist.get_backend(named) == BACKEND
+    assert torch.equal(z, sum(torch.arange(5) + r for r in range(world)))
+    assert named.inner is not None and dist.get_process_group_ranks(named.inner) == list(range(world))
+
     # a max_error plan: calibrated from what the group's sites carried, then in force on every rank
     cal = CompressionPolicy(min_bytes=MIN_BYTES, calibrate_steps=1, max_error=0.05)
     cg = compressed_group(None, cal)
