@@ -717,8 +717,8 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
 
     Raises:
         TypeError: a policy argument is not a policy, or none is given.
-        RuntimeError: already enabled (call the active handle's `disable()` first), or this
-            megatron-core lacks a patch point.
+        RuntimeError: already enabled (call the active handle's `disable()` first), the group
+            mode (`enable_groups`) is active, or this megatron-core lacks a patch point.
         ImportError: megatron-core is not installed (names the extra to install).
     """
     global _active
