@@ -506,7 +506,8 @@ def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
             serve the tensors' device (gloo: CPU, nccl: CUDA).
         policy: a `taco_triton.parallel.CompressionPolicy` (None: the default, FP8 E4M3 for every
             site, messages from `policy.min_bytes` = 1 MiB up). Sites are named by
-            `taco_triton.integrations.sites.track_sites`.
+            `taco_triton.integrations.sites.track_sites`. Tensors travel in their own dtype
+            (`comm_dtype` is not used).
 
     Returns:
         A `CompressingProcessGroup`, usable wherever torch.distributed takes a group.
