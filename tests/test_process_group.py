@@ -168,8 +168,9 @@ def test_megatron_group_mode_matches_the_mappings_mode():
     with bitwise the same loss and gradients. Then DP = 2: megatron's DDP over the replaced
     data-parallel group, the same compressed gradient bytes and bitwise the same gradients."""
     from . import megatron_cases as mc
+    from . import process_group_megatron_cases as pmc
 
-    results = run_ranks(cases.megatron_modes, 2, timeout_s=400, pg_timeout_s=120)
+    results = run_ranks(pmc.megatron_modes, 2, timeout_s=400, pg_timeout_s=120)
     for rr in results:
         r = rr["tp"]
         assert r["mappings_calls"] == 2 * mc.LAYERS * 2 + 2  # forward: embedding + 2 per layer; backward: 2 per layer + output
