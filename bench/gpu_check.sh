@@ -5,7 +5,7 @@
 #
 #   env.txt              nvidia-smi, Python and package versions, CUDA device, git commit
 #   pytest.log           TACO_TEST_DEVICE=cuda pytest of the device-facing tests (-x; the step's timeout bounds it)
-#   bench.log            output of the kernel benchmarks
+#   bench.log            output of the kernel benchmarks (and of the TransformerEngine group check, where TE imports)
 #   kernels_<dev>_<date>.csv            default config (fp8_e4m3, G=128, Hadamard), 1 MiB .. 1 GiB
 #   kernels_<dev>_<date>_variants.csv   int8 G=128 and fp8_e4m3 G=256 (as time allows)
 #   sweep CSV, autotune.json             the autotune sweep (autotune.json -> autotune/tuned/<gpu>.json)
@@ -194,6 +194,20 @@ fi
 run_step "$GPU" autotune 120 60 bench.log -- "$PY" -m autotune.sweep --kernel compress,decompress,reduce \
   --shapes 4096x4096,16384x4096,65536x4096,4096x8192,65536x8192 --dtype bf16 --group-size 128 \
   --time-budget @BUDGET@ --csv "$OUT/" --cache "$OUT/autotune.json"
+
+# ---------------------------------------------------------------------------------------------
+# 4b. TransformerEngine through the compressing process group (bench/te_group_check.py), only
+#     where transformer_engine imports: a column- and a row-parallel te.Linear on 2 ranks, plain TP
+#     group vs taco.compressed_group(tp_group); output appended to bench.log (no new file).
+#     Without TE the step is recorded as skipped and nothing runs.
+if "$PY" -c 'import transformer_engine.pytorch' >/dev/null 2>&1; then
+  run_step "$GPU" te_group 90 40 bench.log -- "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 \
+    bench/te_group_check.py
+else
+  log "[te_group] SKIPPED: transformer_engine is not importable with $PY"
+  record te_group skipped "" 0 0 bench.log "transformer_engine not importable"
+fi
+# ---------------------------------------------------------------------------------------------
 
 # 5. Variants (int8, G=256) with the time that is left. $OUT now holds its 8 files.
 run_step "$GPU" bench_variants 110 40 bench.log -- "$PY" bench/kernels.py --sizes "$SIZES" --time-budget @BUDGET@ \

@@ -33,8 +33,20 @@ __all__ = [
     "all_reduce",
     "calibrate",
     "compress",
+    "compressed_group",
     "decompress",
     "estimate",
     "reduce_scatter",
 ]
+
+
+def __getattr__(name: str):
+    # imported on first use: the process group registers a torch.distributed backend ("taco")
+    if name == "compressed_group":
+        from .integrations.process_group import compressed_group
+
+        return compressed_group
+    raise AttributeError(f"module 'taco_triton' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"  # the package version (pyproject.toml reads it from here)

@@ -1,0 +1,551 @@
+"""A process group that compresses what a `CompressionPolicy` asks for and forwards the rest.
+
+    import taco_triton as taco
+    tp = taco.compressed_group(tp_group, policy)          # once, on every rank of tp_group
+    dist.all_reduce(x, group=tp)                          # and any other torch.distributed call
+
+`compressed_group(inner, policy)` returns a ``torch.distributed.ProcessGroup`` (registered with
+torch.distributed under the backend name ``"taco"``) that every torch.distributed API accepts in
+place of `inner`: ``all_reduce``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``, their
+list and coalesced forms, the functional collectives (and so DTensor), DDP, send/recv,
+``batch_isend_irecv``, ``all_to_all``, ``broadcast``, ``barrier``, gather/scatter/reduce.
+
+Compressed: SUM and AVG all_reduce / reduce_scatter and all_gather of bf16, fp16 and fp32
+tensors of at least ``policy.min_bytes`` bytes whose site the policy gives a config (see
+`taco_triton.integrations.sites` for how sites are named); they run
+`taco_triton.all_reduce / reduce_scatter / all_gather` over `inner`. Point-to-point messages
+(send/recv, isend/irecv, batch_isend_irecv) of such tensors are compressed once by the sender
+and decompressed by the receiver when it waits, with the policy's config at site ``"p2p"``,
+direction "forward", at both ends (sender and receiver must decide alike from what both know;
+``recv`` from any source is forwarded, so do not mix it with compressed sends). Everything else
+(integer dtypes, MAX/MIN/PRODUCT/PREMUL_SUM, small messages, exempt sites, all_to_all,
+broadcast, barrier, gather, scatter, reduce) is handed to `inner` unchanged, with the same
+options, and is bit for bit what `inner` gives.
+
+Work: a compressed collective is issued when it is called (the codec and the inner group's work
+are queued on the calling thread, in the same order on every rank) and the returned Work is
+already complete on CPU; on CUDA its future carries the current stream's events, so `wait()`
+orders the waiting stream after the collective. Errors in a compressed collective raise at the
+call. A forwarded call returns `inner`'s own Work.
+
+`WireStats` counts every call on this rank: compressed ones as the collectives count them,
+forwarded ones by the collective's standard cost (`WireStats`).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..collectives import _pg, p2p
+from ..collectives import compressed as coll
+from ..config import INPUT_DTYPES
+from . import sites
+
+__all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupStats", "compressed_group"]
+
+#: The name the group's backend is registered under (``dist.new_group(ranks, backend="taco")``
+#: makes one over a new inner group of the default backend, with the default policy).
+BACKEND = "taco"
+
+_C10D = torch._C._distributed_c10d
+#: The site of point-to-point messages (the same at both ends; ``exempt=["p2p"]`` forwards them).
+P2P_SITE = "p2p"
+_COMPRESSIBLE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
+_lock = threading.Lock()
+_pending: list = []  # (inner, policy) handed from compressed_group to the backend creator
+
+
+@dataclass
+class GroupStats:
+    """Calls of one (site, direction, kind) on a compressing group: how many, how many compressed,
+    and their buffer bytes (all_reduce: the tensor; reduce_scatter, all_gather: the larger one)."""
+
+    calls: int = 0
+    compressed: int = 0
+    bytes: int = 0
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _op_of(opts):
+    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    # ReduceOp instances compare equal to their RedOpType members
+    for known, name in _COMPRESSIBLE_OPS.items():
+        if op == known:
+            return name
+    return None
+
+
+def _done(result, device: torch.device):
+    """A completed Work whose future holds `result` (on CUDA: with the current stream's events)."""
+    if device.type == "cuda" and result is not None:
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        fut = torch.futures.Future(devices=[device])
+    else:  # CPU work is done; a coalescing block's end has no tensors to order
+        fut = torch.futures.Future()
+    fut.set_result(result)
+    return _C10D._create_work_from_future(fut)
+
+
+def _all_of(works: list, result, device: torch.device):
+    """One Work that completes when every Work in `works` (None: already done) has."""
+    works = [w for w in works if w is not None]
+    if not works:
+        return _done(result, device)
+    return _WaitAll(works, result)
+
+
+class _WaitAll(dist.Work):
+    """The Work of a coalesced call: `wait()` waits for each part's Work, in order."""
+
+    def __init__(self, works: list, result):
+        super().__init__()
+        self._works, self._result = works, result
+
+    def wait(self, timeout=None) -> bool:
+        for w in self._works:
+            w.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def get_future(self):
+        try:
+            futures = [w.get_future() for w in self._works]
+        except RuntimeError:  # some Works have no future (gloo's reduce_scatter, send, ...): wait now
+            self.wait()
+            fut = torch.futures.Future()
+            fut.set_result(self._result)
+            return fut
+        return torch.futures.collect_all(futures).then(lambda _: self._result)
+
+
+class _DecodeOnWait(dist.Work):
+    """A compressed receive's Work: `wait()` waits for the wire buffer, then decompresses it into
+    the caller's tensor (once); a failed receive keeps raising its error. It has no future
+    (receives are waited on, as torch's gloo receives are)."""
+
+    def __init__(self, work, wire: torch.Tensor, tensor: torch.Tensor, cfg):
+        super().__init__()
+        self._work, self._wire, self._tensor, self._cfg = work, wire, tensor, cfg
+        self._error: BaseException | None = None
+
+    def wait(self, timeout=None) -> bool:
+        if self._error is not None:
+            raise self._error
+        if self._wire is not None:
+            try:
+                self._work.wait()
+                if self._tensor.is_contiguous():
+                    p2p.decode_into(self._wire, self._tensor, self._cfg)
+                else:
+                    dense = torch.empty_like(self._tensor, memory_format=torch.contiguous_format)
+                    p2p.decode_into(self._wire, dense, self._cfg)
+                    self._tensor.copy_(dense)
+            except BaseException as e:
+                self._error = e
+                raise
+            self._wire = None
+        return True
+
+    def is_completed(self) -> bool:
+        return self._wire is None and self._error is None
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def exception(self):
+        return self._error
+
+
+class CompressingProcessGroup(dist.ProcessGroup):
+    """A ``torch.distributed.ProcessGroup`` over `inner` that compresses what `policy` selects.
+
+    Made by `compressed_group`; see the module docstring. Attributes: `inner` (the process group
+    that carries every byte), `policy`, `stats` ({(site, direction, kind): GroupStats}).
+    """
+
+    def __init__(self, rank: int, size: int, inner, policy, global_ranks: list[int]):
+        super().__init__(rank, size)
+        self._inner = inner
+        self._global_ranks = list(global_ranks)
+        self.policy = policy
+        self.stats: dict[tuple[str, str, str], GroupStats] = {}
+        self._checked_devices: set[str] = set()
+        self._patterns_checked = False
+        self._coalescing: list | None = None  # the Works issued inside a coalescing block
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def inner(self):
+        """The process group that carries the bytes (made on first use for a group created by
+        ``dist.new_group(backend="taco")``)."""
+        if self._inner is None:
+            self._inner = dist.new_group(self._global_ranks, use_local_synchronization=True)
+        return self._inner
+
+    @property
+    def group_name(self) -> str:
+        return dist.distributed_c10d._world.pg_names[self]
+
+    @property
+    def pg_name(self) -> str:
+        return self.group_name
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def name(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"CompressingProcessGroup(rank={self.rank()}, size={self.size()}, ranks={self._global_ranks})"
+
+    # ------------------------------------------------------------------ deciding
+    def _inner_for(self, tensor: torch.Tensor):
+        """`inner`, after checking once per device type that it can carry `tensor`."""
+        inner = self.inner
+        dev = tensor.device.type
+        if dev not in self._checked_devices:
+            try:
+                inner._get_backend(tensor.device)
+            except RuntimeError as e:
+                raise ValueError(
+                    f"compressed group: its inner group (backend {dist.get_backend(inner)!r}) has no backend for "
+                    f"{dev} tensors; make the inner group with a backend for {dev} (gloo for cpu, nccl for cuda)"
+                ) from e
+            self._checked_devices.add(dev)
+        return inner
+
+    def _decide(self, kind: str, tensor: torch.Tensor, nbytes: int, op: str | None):
+        """The policy's config for one message, or None to forward it."""
+        site, direction = sites.current_site(kind)
+        st = self.stats.get((site, direction, kind))
+        if st is None:
+            st = self.stats[(site, direction, kind)] = GroupStats()
+        st.calls += 1
+        st.bytes += nbytes
+        if not self._patterns_checked and sites.tracking():
+            self._patterns_checked = True
+            sites.check_patterns(self.policy)
+        if (op is None or self.size() == 1 or tensor.dtype not in INPUT_DTYPES
+                or nbytes < self.policy.min_bytes or tensor.layout != torch.strided):
+            return None
+        self.policy.observe(site, direction, tensor)
+        cfg = self.policy.config_for(site, direction)
+        if cfg is not None:
+            st.compressed += 1
+        return cfg
+
+    def _check_pair(self, kind: str, big_name: str, big: torch.Tensor, small_name: str, small: torch.Tensor) -> None:
+        """ValueError, before anything is sent, unless `big` holds world_size times `small`'s
+        elements in its dtype (some backends abort the process on a mismatch instead)."""
+        if big.numel() != self.size() * small.numel() or big.dtype != small.dtype:
+            raise ValueError(
+                f"{kind}: the {big_name} must hold world_size ({self.size()}) times the {small_name}'s elements, in "
+                f"its dtype; got {big_name} {tuple(big.shape)} {big.dtype}, {small_name} {tuple(small.shape)} {small.dtype}")
+
+    def _forward(self, kind: str, nbytes: float, wire: float, method: str, *args):
+        """Hand a call to `inner`'s method of the same name, unchanged, counting its bytes."""
+        _pg._record(kind, int(nbytes), float(wire), False)
+        inner = self.inner
+        fn = getattr(inner, method)
+        try:
+            return self._track(fn(*args))
+        except RuntimeError as e:
+            if type(e) is not RuntimeError:  # keep torch's own error types (DistBackendError, ...)
+                raise
+            raise RuntimeError(f"compressed group: the inner group (backend {dist.get_backend(inner)!r}) "
+                               f"cannot run {method} (forwarded unchanged): {e}") from e
+
+    # ------------------------------------------------------------------ all_reduce
+    def allreduce(self, tensors, opts=None):
+        opts = dist.AllreduceOptions() if opts is None else opts
+        if len(tensors) != 1:
+            n = sum(_nbytes(t) for t in tensors)
+            return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, "allreduce", tensors, opts)
+        (t,) = tensors
+        inner = self._inner_for(t)
+        op = _op_of(opts)
+        cfg = self._decide("all_reduce", t, _nbytes(t), op)
+        if cfg is None:
+            n = _nbytes(t)
+            return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, "allreduce", tensors, opts)
+        coll.all_reduce(t, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
+        return self._track(_done([t], t.device))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = dist.AllreduceCoalescedOptions() if opts is None else opts
+        one = dist.AllreduceOptions()
+        one.reduceOp = opts.reduceOp
+        works = [self.allreduce([t], one) for t in tensors]
+        return _all_of(works, list(tensors), tensors[0].device)
+
+    # ------------------------------------------------------------------ reduce_scatter
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        inner = self._inner_for(input)
+        self._check_pair("reduce_scatter", "input", input, "output", output)
+        op = _op_of(opts)
+        cfg = self._decide("reduce_scatter", input, _nbytes(input), op)
+        if cfg is None:
+            n = _nbytes(input)
+            method = "reduce_scatter_single" if hasattr(inner, "reduce_scatter_single") else "_reduce_scatter_base"
+            return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, method, output, input, opts)
+        coll.reduce_scatter(output, input, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
+        return self._track(_done([output], output.device))
+
+    _reduce_scatter_base = reduce_scatter_single  # the name torch < 2.13 calls
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        if len(outputs) == 1 and len(input_lists[0]) == self.size() and all(
+                t.shape == outputs[0].shape and t.dtype == outputs[0].dtype for t in input_lists[0]) and \
+                self._decide_peek(outputs[0], _nbytes(outputs[0]) * self.size(), _op_of(opts)):
+            flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
+            return self.reduce_scatter_single(outputs[0], flat, opts)
+        n = sum(_nbytes(t) for ts in input_lists for t in ts)
+        return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, "reduce_scatter",
+                             outputs, input_lists, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _all_of(works, list(outputs), outputs[0].device)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch < 2.13
+
+    # ------------------------------------------------------------------ all_gather
+    def all_gather_single(self, output, input, opts=None):
+        opts = dist.AllgatherOptions() if opts is None else opts
+        inner = self._inner_for(input)
+        self._check_pair("all_gather", "output", output, "input", input)
+        cfg = self._decide("all_gather", input, _nbytes(output), "sum")
+        if cfg is None:
+            method = "all_gather_single" if hasattr(inner, "all_gather_single") else "_allgather_base"
+            return self._forward("all_gather", _nbytes(input), (self.size() - 1) * _nbytes(input), method,
+                                 output, input, opts)
+        coll.all_gather(output, input, inner, cfg, min_bytes=self.policy.min_bytes)
+        return self._track(_done([output], output.device))
+
+    _allgather_base = all_gather_single  # the name torch < 2.13 calls
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = dist.AllgatherOptions() if opts is None else opts
+        if len(inputs) == 1 and len(output_lists[0]) == self.size() and all(
+                t.shape == inputs[0].shape and t.dtype == inputs[0].dtype for t in output_lists[0]):
+            (inp,), outs = inputs, output_lists[0]
+            flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
+            if self._decide_peek(inp, _nbytes(flat), "sum"):
+                self.all_gather_single(flat, inp.reshape(-1), opts)
+                for r, o in enumerate(outs):
+                    o.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view(o.shape))
+                return _done(output_lists, inp.device)
+        n = sum(_nbytes(t) for t in inputs)
+        return self._forward("all_gather", n, (self.size() - 1) * n, "allgather", output_lists, inputs, opts)
+
+    def _decide_peek(self, tensor: torch.Tensor, nbytes: int, op: str | None) -> bool:
+        """Whether a list-form call could be compressed (op, dtype, size), before it is counted;
+        if not, it is forwarded in its own form."""
+        return op is not None and self.size() > 1 and tensor.dtype in INPUT_DTYPES and nbytes >= self.policy.min_bytes
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = dist.AllgatherOptions() if opts is None else opts
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _all_of(works, list(outputs), outputs[0].device)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch < 2.13
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        opts = dist.AllgatherOptions() if opts is None else opts
+        n = sum(_nbytes(t) for t in inputs)
+        return self._forward("all_gather", n, (self.size() - 1) * n, "allgather_coalesced", output_lists, inputs, opts)
+
+    # ------------------------------------------------------------------ forwarded unchanged
+    def broadcast(self, tensors, opts=None):
+        opts = dist.BroadcastOptions() if opts is None else opts
+        n = sum(_nbytes(t) for t in tensors)
+        return self._forward("broadcast", n, n if self.rank() == opts.rootRank else 0, "broadcast", tensors, opts)
+
+    # ------------------------------------------------------------------ point-to-point
+    def _p2p_config(self, tensors):
+        """The config of a message, decided alike by sender and receiver from what both know: the
+        policy at site "p2p", direction "forward", the dtype and size (never the module or the
+        direction, which differ between the two ends)."""
+        if len(tensors) != 1:
+            return None
+        (t,) = tensors
+        if (self.size() == 1 or t.dtype not in INPUT_DTYPES or _nbytes(t) < self.policy.min_bytes
+                or t.layout != torch.strided):
+            return None
+        return self.policy.config_for(P2P_SITE, "forward")
+
+    def _count_p2p(self, kind: str, t: torch.Tensor, compressed: bool) -> None:
+        st = self.stats.setdefault((P2P_SITE, "forward", kind), GroupStats())
+        st.calls += 1
+        st.compressed += compressed
+        st.bytes += _nbytes(t)
+
+    def send(self, tensors, dst, tag=0):
+        cfg = self._p2p_config(tensors)
+        if cfg is None:
+            n = sum(_nbytes(t) for t in tensors)
+            return self._forward("send", n, n, "send", tensors, dst, tag)
+        (t,) = tensors
+        inner = self._inner_for(t)
+        self._count_p2p("send", t, True)
+        wire = p2p.encode(t, cfg)
+        p2p.record_send(wire, True)
+        return self._track(inner.send([wire], dst, tag))  # the Work keeps `wire` alive until it is sent
+
+    def recv(self, tensors, src, tag=0):
+        cfg = self._p2p_config(tensors)
+        if cfg is None:
+            return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv", tensors, src, tag)
+        (t,) = tensors
+        inner = self._inner_for(t)
+        self._count_p2p("recv", t, True)
+        wire = p2p.wire_like(t, cfg)
+        return self._track(_DecodeOnWait(inner.recv([wire], src, tag), wire, t, cfg))
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv_anysource", tensors, tag)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = dist.AllToAllOptions() if opts is None else opts
+        n = _nbytes(input)
+        if input_split_sizes:
+            row = n // max(1, input.shape[0]) if input.dim() else n
+            sent = sum(s for j, s in enumerate(input_split_sizes) if j != self.rank()) * row
+        else:
+            sent = n * (self.size() - 1) // self.size()
+        inner = self.inner
+        method = "all_to_all_single" if hasattr(inner, "all_to_all_single") else "alltoall_base"
+        return self._forward("all_to_all", n, sent, method, output, input, output_split_sizes, input_split_sizes, opts)
+
+    alltoall_base = all_to_all_single  # torch < 2.13
+
+    def alltoall(self, outputs, inputs, opts=None):
+        opts = dist.AllToAllOptions() if opts is None else opts
+        sent = sum(_nbytes(t) for j, t in enumerate(inputs) if j != self.rank())
+        return self._forward("all_to_all", sum(_nbytes(t) for t in inputs), sent, "alltoall", outputs, inputs, opts)
+
+    def barrier(self, opts=None):
+        opts = dist.BarrierOptions() if opts is None else opts
+        return self._forward("barrier", 0, 0, "barrier", opts)
+
+    def monitored_barrier(self, *args, **kwargs):
+        return self._forward("barrier", 0, 0, "monitored_barrier", *args, **kwargs)
+
+    def gather(self, outputs, inputs, opts=None):
+        opts = dist.GatherOptions() if opts is None else opts
+        n = sum(_nbytes(t) for t in inputs)
+        return self._forward("gather", n, 0 if self.rank() == opts.rootRank else n, "gather", outputs, inputs, opts)
+
+    def scatter(self, outputs, inputs, opts=None):
+        opts = dist.ScatterOptions() if opts is None else opts
+        n = sum(_nbytes(t) for ts in inputs for t in ts)
+        return self._forward("scatter", n, n * (self.size() - 1) / self.size() if n else 0, "scatter",
+                             outputs, inputs, opts)
+
+    def reduce(self, tensors, opts=None):
+        opts = dist.ReduceOptions() if opts is None else opts
+        n = sum(_nbytes(t) for t in tensors)
+        return self._forward("reduce", n, n, "reduce", tensors, opts)
+
+    # ------------------------------------------------------------------ coalescing contexts
+    def _track(self, work):
+        """`work`, also kept for the end of an open coalescing block."""
+        if self._coalescing is not None and work is not None:
+            self._coalescing.append(work)
+        return work
+
+    def _start_coalescing(self, device):
+        """`torch.distributed._coalescing_manager` opens a block: torch records the collectives
+        inside and hands them to the *_coalesced methods at its end, then takes the block's Work
+        from `_end_coalescing`, which therefore covers every Work issued in between."""
+        self._coalescing = []
+
+    def _end_coalescing(self, device):
+        works, self._coalescing = self._coalescing or [], None
+        return _all_of(works, None, torch.device(device) if device is not None else torch.device("cpu"))
+
+
+def _create(dist_opts, backend_opts):
+    """The registered backend's creator: the group `compressed_group` asked for, or (for a plain
+    ``dist.new_group(backend="taco")``) one over a new inner group made on first use."""
+    inner, policy = _pending[-1] if _pending else (None, None)
+    if policy is None:
+        from ..parallel.policy import CompressionPolicy
+
+        policy = CompressionPolicy()
+    return CompressingProcessGroup(dist_opts.group_rank, dist_opts.group_size, inner, policy,
+                                   list(dist_opts.global_ranks_in_group))
+
+
+def _register() -> None:
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
+    """A process group over `inner` that compresses what `policy` selects and forwards the rest.
+
+    Call it on every rank of `inner`, in the same order relative to other group creations (it
+    makes a new torch.distributed group over `inner`'s ranks, synchronizing only those ranks).
+
+    Args:
+        inner: the process group that carries the bytes (None: the default group). Its backend must
+            serve the tensors' device (gloo: CPU, nccl: CUDA).
+        policy: a `taco_triton.parallel.CompressionPolicy` (None: the default, FP8 E4M3 for every
+            site, messages from `policy.min_bytes` = 1 MiB up). Sites are named by
+            `taco_triton.integrations.sites.track_sites`. Tensors travel in their own dtype
+            (`comm_dtype` is not used).
+
+    Returns:
+        A `CompressingProcessGroup`, usable wherever torch.distributed takes a group.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+        TypeError: `inner` is not a process group or is already a compressing group, or `policy`
+            lacks config_for/observe/min_bytes.
+        ValueError: this rank is not in `inner`, or its ranks are not in increasing order.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("compressed_group needs torch.distributed initialized (dist.init_process_group)")
+    if inner is None:
+        inner = dist.distributed_c10d._get_default_group()
+    if not isinstance(inner, dist.ProcessGroup):
+        raise TypeError(f"inner must be a torch.distributed ProcessGroup or None, got {type(inner).__name__}")
+    if isinstance(inner, CompressingProcessGroup):
+        raise TypeError("inner is already a compressing group; pass its .inner (compressing twice gains nothing)")
+    if policy is None:
+        from ..parallel.policy import CompressionPolicy
+
+        policy = CompressionPolicy()
+    missing = [a for a in ("config_for", "observe", "min_bytes") if not hasattr(policy, a)]
+    if missing:
+        raise TypeError(f"policy must be a CompressionPolicy (missing {missing}), got {type(policy).__name__}")
+    ranks = dist.get_process_group_ranks(inner)
+    if dist.get_rank() not in ranks:
+        raise ValueError(f"rank {dist.get_rank()} is not in the inner group (ranks {ranks})")
+    if ranks != sorted(ranks):
+        raise ValueError(f"the inner group's ranks must be in increasing order (as new_group makes them), got {ranks}")
+    _register()
+    with _lock:
+        _pending.append((inner, policy))
+        try:
+            group = dist.new_group(ranks, backend=BACKEND, use_local_synchronization=True)
+        finally:
+            _pending.pop()
+    return group
+
+
+_register()
