@@ -6,6 +6,8 @@ transform, measure them on the tensors that will actually be communicated.
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -38,6 +40,39 @@ def default_candidates(base: CompressionConfig | None = None) -> list[Compressio
     ]
 
 
+def check_budget(name: str, value, what: str = "") -> float:
+    """`value` as a float if it is a positive finite real number; ValueError naming `name` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number{what}, got {value!r} (NaN and infinity are not budgets)")
+    return float(value)
+
+
+def _as_samples(samples) -> list[torch.Tensor]:
+    """The samples as a list; one tensor is one sample (iterating it would make every row, or
+    every element, a sample of its own)."""
+    samples = [samples] if isinstance(samples, torch.Tensor) else list(samples)
+    if not samples:
+        raise ValueError("calibrate needs at least one sample tensor")
+    for i, s in enumerate(samples):
+        if not isinstance(s, torch.Tensor):
+            raise TypeError(f"calibrate sample {i} must be a torch.Tensor, got {type(s).__name__}")
+        if s.numel() == 0:
+            raise ValueError(f"calibrate sample {i} is empty (shape {tuple(s.shape)})")
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError(f"calibrate sample {i} (shape {tuple(s.shape)}) holds NaN/Inf")
+    return samples
+
+
+def as_sent(cfg: CompressionConfig, call: int) -> CompressionConfig:
+    """`cfg` as the `call`-th message would be compressed: stochastic rounding draws a fresh
+    seed per message (the collectives salt it per call and rank), so each sample is measured
+    with its own seed, never all with one."""
+    if not cfg.stochastic:
+        return cfg
+    return cfg.replace(seed=(cfg.seed * 1_000_003 + call + 0x9E3779B9) % 2**31)
+
+
 def relative_l2(x: torch.Tensor, y: torch.Tensor) -> float:
     """||x - y|| / ||x|| in float64 (0 when both are zero)."""
     x64, y64 = x.double(), y.double()
@@ -57,10 +92,15 @@ def calibrate(
     """Pick a config for these samples: the lowest error within a byte budget or, with
     `max_error`, the fewest bytes within an error budget (both budgets apply together).
 
+    Every candidate is measured as it will run: with its own scale layout and rounding (a
+    stochastic candidate with a different seed per sample, as successive messages get).
+
     Args:
-        samples: tensors like the ones that will be communicated (finite values).
+        samples: tensors like the ones that will be communicated (finite values): a sequence of
+            tensors, or one tensor (one sample).
         candidates: configs to consider; default `default_candidates()` (5 codecs x 5 group
-            sizes x Hadamard on/off).
+            sizes x Hadamard on/off, with the default config's scales and rounding: pass
+            `default_candidates(base)` to calibrate around another base config).
         max_bytes_per_element: budget in wire bytes per element, scales included, compared with
             each config's rate on whole super-blocks of 4096 elements: C/G + 1/G + 4/4096 bytes
             ("dual" scales; C = G bits / 8 code bytes per group) or C/G + 8/G ("taco_fp32x2").
@@ -74,8 +114,12 @@ def calibrate(
         backend: as in `taco_triton.compress`.
 
     Returns:
-        `CalibrationResult` with the chosen config and the whole measurement table. Raises
-        ValueError when no candidate meets the budgets (naming the closest one).
+        `CalibrationResult` with the chosen config and the whole measurement table.
+
+    Raises:
+        ValueError: no candidate meets the budgets (naming the closest one); a budget that is
+            not a positive finite number; an empty or non-finite sample.
+        TypeError: a sample that is not a tensor.
 
     Example:
         >>> res = calibrate([torch.randn(64, 384)])
@@ -88,15 +132,10 @@ def calibrate(
 
     from .codec import compress, decompress
 
-    if max_error is not None and (isinstance(max_error, bool) or not isinstance(max_error, (int, float))
-                                  or not max_error > 0):
-        raise ValueError(f"max_error must be a positive number (a relative L2 error), got {max_error!r}")
-    samples = list(samples)
-    if not samples:
-        raise ValueError("calibrate needs at least one sample tensor")
-    for i, s in enumerate(samples):
-        if not bool(torch.isfinite(s).all()):
-            raise ValueError(f"calibrate sample {i} (shape {tuple(s.shape)}) holds NaN/Inf")
+    if max_error is not None:
+        check_budget("max_error", max_error, " (a relative L2 error)")
+    check_budget("max_bytes_per_element", max_bytes_per_element)
+    samples = _as_samples(samples)
     candidates = list(candidates) if candidates is not None else default_candidates()
     if not candidates:
         raise ValueError("calibrate needs at least one candidate config")
@@ -104,8 +143,8 @@ def calibrate(
     total = sum(s.numel() for s in samples)
     for cfg in candidates:
         errs, nbytes = [], 0
-        for s in samples:
-            c = compress(s, cfg, backend=backend)
+        for i, s in enumerate(samples):
+            c = compress(s, as_sent(cfg, i), backend=backend)
             nbytes += c.nbytes
             errs.append(relative_l2(s, decompress(c, backend=backend)))
         bpe = nbytes / max(total, 1)

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..calibrate import calibrate
+from ..calibrate import calibrate, check_budget, default_candidates
 from ..collectives.compressed import DEFAULT_MIN_BYTES
 from ..config import CompressionConfig
 
@@ -50,10 +50,12 @@ class CompressionPolicy:
         plan: JSON path. If it exists it is loaded (and the plan frozen) at construction;
             otherwise calibration writes it.
         calibrate_steps: K > 0 collects samples for K steps, then calibrates every site.
-        max_bytes_per_element: the calibration budget (see `taco_triton.calibrate`).
-        max_error: an error budget for calibration: each site gets the config with the fewest
-            bytes whose worst relative L2 error on its samples is within it (see
-            `taco_triton.calibrate`). A number applies to both directions; a dict such as
+        max_bytes_per_element: the calibration budget (see `taco_triton.calibrate`), a positive
+            finite number. Calibration varies codec, group size and Hadamard around each site's
+            configured config (default or override) and keeps its scales, rounding and seed.
+        max_error: an error budget for calibration (needs `calibrate_steps` > 0; ValueError
+            otherwise): each site gets the config with the fewest bytes whose worst relative L2
+            error on its samples is within it (see `taco_triton.calibrate`). A number applies to both directions; a dict such as
             {"forward": 0.025, "backward": 0.01} sets each direction (a direction left out is
             calibrated for the lowest error within the byte budget). `plan_table()` shows each
             site's choice and its measured error.
@@ -102,15 +104,16 @@ class CompressionPolicy:
                                  ("samples_per_site", self.samples_per_site, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if isinstance(self.max_bytes_per_element, bool) or not isinstance(self.max_bytes_per_element, (int, float)):
-            raise ValueError(f"max_bytes_per_element must be a number, got {self.max_bytes_per_element!r}")
+        check_budget("max_bytes_per_element", self.max_bytes_per_element)
         budgets = self.max_error if isinstance(self.max_error, Mapping) else {}
         if set(budgets) - set(DIRECTIONS):
             raise ValueError(f"max_error keys must be among {DIRECTIONS}, got {sorted(budgets)}")
         for value in budgets.values() if budgets else [self.max_error]:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-                raise ValueError(f"max_error must be None, a positive number or a dict of them per direction, "
-                                 f"got {self.max_error!r}")
+            if value is not None:
+                check_budget("max_error", value, f" per direction or None (got max_error={self.max_error!r})")
+        if self.max_error is not None and self.calibrate_steps == 0:  # an error budget nothing would apply
+            raise ValueError(f"max_error={self.max_error!r} needs calibrate_steps > 0: the budget is applied "
+                             "by calibrating on the first calibrate_steps steps' samples")
         for pat, cfg in dict(self.overrides).items():
             if not isinstance(pat, str) or not (cfg is None or isinstance(cfg, CompressionConfig)):
                 raise TypeError(f"overrides must map patterns (str) to CompressionConfig or None, got {pat!r}: {cfg!r}")
@@ -196,10 +199,11 @@ class CompressionPolicy:
             if not samples:  # every sample was non-finite: the site keeps its configured default
                 continue
             site, _, direction = key.rpartition("|")
-            base = self.config_for(site, direction) or CompressionConfig()  # keeps overrides' other fields
-            res = calibrate(samples, max_bytes_per_element=self.max_bytes_per_element,
+            # candidates keep the site's scales, rounding and seed, so each is measured as it will run
+            base = self.config_for(site, direction) or CompressionConfig()
+            res = calibrate(samples, default_candidates(base), max_bytes_per_element=self.max_bytes_per_element,
                             max_error=self.error_budget(direction), backend="torch")
-            plan[key] = base.replace(codec=res.config.codec, group_size=res.config.group_size, hadamard=res.config.hadamard)
+            plan[key] = res.config
             row = res.table[res.table.chosen].iloc[0]
             measured[key] = {k: float(row[k]) for k in _MEASURED}
         return plan, measured
