@@ -34,6 +34,8 @@ fewer bytes per rank at large P), and on the native side any in-network reductio
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -63,9 +65,22 @@ class Estimate:
 
 
 def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
+
+
+def _non_negative(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _integer(name: str, value, low: int) -> int:
+    """`value` as an int (Python or numpy integers) if it is >= `low`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, collective: str = "all_reduce") -> int:
@@ -98,38 +113,40 @@ def estimate(
     """Native vs compressed time of one collective on a `numel`-element `dtype` message.
 
     Args:
-        numel: elements of the whole message (all_reduce / reduce_scatter input, all_gather output).
+        numel: elements of the whole message (all_reduce / reduce_scatter input, all_gather output);
+            a Python or numpy integer.
         dtype: the message's dtype (bf16, fp16 or fp32).
-        config: the CompressionConfig (default: the default config).
+        config: the CompressionConfig (default: the default config). A disabled config
+            (`enabled=False`) is estimated as what the collectives run for it: the native
+            collective (speedup 1).
         link_gbps: link bandwidth per rank and direction, in Gbit/s (e.g. 400 for NDR InfiniBand).
         ranks: processes in the group (the TP degree), >= 2.
         codec_gbytes_s: dense GB/s (1e9 bytes) of one compress or decompress pass, measured or
             modelled by you; None leaves codec time out (a ceiling, flagged by `codec_counted`).
         collective: "all_reduce", "reduce_scatter" or "all_gather".
-        latency_us: per communication step (both paths take the same number of steps).
+        latency_us: per communication step (both paths take the same number of steps), finite.
         overlap: True when codec and link overlap perfectly (pipelined large messages).
 
-    Raises ValueError naming the offending value.
+    Rates must be positive and finite (an infinitely fast link or codec is not a model input: leave
+    the codec out with None). Raises ValueError naming the offending value.
     """
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel <= 0:
-        raise ValueError(f"numel must be a positive int, got {numel!r}")
+    numel = _integer("numel", numel, 1)
     if dtype not in INPUT_DTYPES:
         raise ValueError(f"dtype must be one of {list(INPUT_DTYPES)}, got {dtype!r}")
     config = CompressionConfig() if config is None else config
     if not isinstance(config, CompressionConfig):
         raise ValueError(f"config must be a CompressionConfig or None, got {type(config).__name__}")
     link_bytes_s = _positive("link_gbps", link_gbps) * 1e9 / 8
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
-        raise ValueError(f"ranks must be an int >= 2, got {ranks!r}")
+    ranks = _integer("ranks", ranks, 2)
     codec_bytes_s = None if codec_gbytes_s is None else _positive("codec_gbytes_s", codec_gbytes_s) * 1e9
     if collective not in COLLECTIVES:
         raise ValueError(f"collective must be one of {list(COLLECTIVES)}, got {collective!r}")
-    if isinstance(latency_us, bool) or not isinstance(latency_us, (int, float)) or latency_us < 0:
-        raise ValueError(f"latency_us must be a number >= 0, got {latency_us!r}")
+    latency_us = _non_negative("latency_us", latency_us)
 
     p = ranks
     dense = numel * dtype.itemsize
-    wire = compressed_wire_bytes(numel, config, p, collective)
+    # a disabled config runs the native collective: same bytes, no codec
+    wire = compressed_wire_bytes(numel, config, p, collective) if config.enabled else dense
     two_phase = collective == "all_reduce"
     share = (2 if two_phase else 1) * (p - 1) / p
     steps = (2 if two_phase else 1) * (p - 1)
@@ -138,11 +155,14 @@ def estimate(
     native_s = native_bytes / link_bytes_s + latency
     link_s = compressed_bytes / link_bytes_s + latency
     passes = {"all_reduce": 3 + 1 / p, "reduce_scatter": 2.0, "all_gather": 1 + 1 / p}[collective]
-    codec_s = 0.0 if codec_bytes_s is None else passes * dense / codec_bytes_s
+    codec_s = 0.0 if codec_bytes_s is None or not config.enabled else passes * dense / codec_bytes_s
     compressed_s = max(link_s, codec_s) if overlap else link_s + codec_s
     # speedup 1 when codec_s reaches native_s (overlapped) or native_s - link_s (serial)
     codec_budget_s = native_s if overlap else native_s - link_s
-    break_even = passes * dense / codec_budget_s / 1e9 if codec_budget_s > 0 else float("inf")
+    if not config.enabled:
+        break_even = 0.0  # no codec runs: speedup 1 at any codec throughput
+    else:
+        break_even = passes * dense / codec_budget_s / 1e9 if codec_budget_s > 0 else float("inf")
     return Estimate(
         collective=collective, native_s=native_s, compressed_s=compressed_s, link_s=link_s,
         codec_s=codec_s, speedup=native_s / compressed_s, wire_ratio=wire / dense,

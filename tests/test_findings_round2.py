@@ -85,3 +85,123 @@ def test_byte_budget_is_validated_where_it_is_given(bad):
         taco.calibrate([torch.randn(64)], candidates=default_candidates()[:1], max_bytes_per_element=bad)
     with pytest.raises(ValueError, match="max_bytes_per_element"):
         CompressionPolicy(max_bytes_per_element=bad, calibrate_steps=1)
+
+
+# ----------------------------------------------------------------------------- findings 6, 7 (megatron)
+def _megatron_modules():
+    pytest.importorskip("megatron.core", reason="megatron-core not installed (the `megatron` extra)")
+    from taco_triton.integrations import megatron as tm
+
+    return tm, tm._import_megatron()
+
+
+class _FakeGroup:
+    """A two-rank group as megatron's helpers see it (no process group behind it)."""
+
+    def size(self):
+        return 2
+
+    def rank(self):
+        return 0
+
+
+def test_disable_makes_a_captured_replacement_fall_through_to_megatrons_original(monkeypatch):
+    """Before: a wrapper installed after enable() kept calling our replacement after disable(),
+    which kept compressing."""
+    import types
+
+    tm, (mappings, layers, p2pc, pgb) = _megatron_modules()
+    seen = []
+
+    def spy(name):
+        def original(*args, **kwargs):
+            seen.append((name, args, kwargs))
+        return original
+
+    points = {(mappings, n): spy(n) for n in tm._MAPPINGS_GLOBALS}
+    points.update({(p2pc, n): spy(n) for n in tm._P2P_GLOBALS})
+    points.update({(mod, n): spy(f"{mod.__name__}.{n}") for mod in (layers, pgb)
+                   for n in ("dist_all_gather_func", "dist_reduce_scatter_func")})
+    points[(pgb, "_coalescing_manager")] = spy("_coalescing_manager")
+    for mod in (layers, pgb):  # the module global `torch`: only its distributed.all_reduce is used
+        points[(mod, "torch")] = types.SimpleNamespace(
+            distributed=types.SimpleNamespace(all_reduce=spy(f"{mod.__name__}.all_reduce")))
+    for (mod, name), orig in points.items():
+        monkeypatch.setattr(mod, name, orig)  # "megatron's originals" as enable() finds them
+
+    h = tm.enable(CompressionPolicy(min_bytes=0))
+    ours = {key: getattr(*key) for key in points}
+    monkeypatch.setattr(mappings, "_reduce", lambda x, g: ours[(mappings, "_reduce")](x, g))  # someone's wrapper
+    h.disable()
+
+    x, g = torch.randn(64, 64), _FakeGroup()
+    for (mod, name), fn in ours.items():
+        seen.clear()
+        if name == "torch":
+            fn.distributed.all_reduce(x, group=g)
+        elif name in tm._P2P_GLOBALS:
+            fn(tensor_send_prev=None, tensor_recv_prev=None, tensor_send_next=x, tensor_recv_next=None, group=g,
+               prev_pipeline_rank=1, next_pipeline_rank=1)
+        elif name == "_coalescing_manager":
+            fn(group=g)
+        elif mod is mappings:
+            fn(x, g)
+        else:
+            fn(torch.empty(128, 64), x, group=g)
+        assert len(seen) == 1, (mod.__name__, name, seen)
+        args, kwargs = seen[0][1:]
+        sent = g if name == "_coalescing_manager" else x
+        assert any(a is sent for a in [*args, *kwargs.values()]), (name, "megatron's original got other arguments")
+    assert h.stats == {}  # nothing was routed after disable
+
+
+def test_dp_gradient_policy_follows_the_policys_switches_overrides_and_comm_dtype():
+    """Before: forward=backward=False still compressed DP gradients (INT8, stochastic), and the
+    derived DP policy dropped overrides and comm_dtype."""
+    from taco_triton.integrations.megatron import gradient_policy
+
+    grads, params = "megatron.dp.bucket0.all_reduce", "megatron.dp.bucket0.all_gather"
+    int4 = taco.CompressionConfig(codec="int4", group_size=32)
+    assert gradient_policy(CompressionPolicy(forward=False, backward=False)).config_for(grads, "backward") is None
+    assert gradient_policy(CompressionPolicy(backward=False)).config_for(grads, "backward") is None
+    fwd_off = gradient_policy(CompressionPolicy(forward=False))
+    assert fwd_off.config_for(params, "forward") is None and fwd_off.config_for(grads, "backward") is not None
+    over = gradient_policy(CompressionPolicy(overrides={"megatron.dp.*": int4}, comm_dtype=torch.bfloat16))
+    assert over.config_for(grads, "backward") == int4 and over.comm_dtype == torch.bfloat16
+    assert over.config_for("megatron.pp.forward.stage0_to_stage1", "backward").codec == "int8"  # not overridden
+    tm, _ = _megatron_modules()
+    with tm.enable(CompressionPolicy(forward=False, backward=False)) as h:
+        assert h.policies["dp"].config_for(grads, "backward") is None
+
+
+# ----------------------------------------------------------------------------- findings 10, 11 (estimate)
+def test_estimate_of_a_disabled_config_is_the_native_collective():
+    """Before: CompressionConfig(enabled=False), which the collectives run natively, was
+    estimated at a 1.98x speedup."""
+    for collective in ("all_reduce", "reduce_scatter", "all_gather"):
+        e = taco.estimate(1 << 24, config=taco.CompressionConfig(enabled=False), link_gbps=400.0, ranks=8,
+                          codec_gbytes_s=100.0, latency_us=2.0, collective=collective)
+        assert e.speedup == 1.0 and e.compressed_s == e.native_s and e.wire_ratio == 1.0, collective
+        assert e.codec_s == 0.0 and e.compressed_bytes_per_rank == e.native_bytes_per_rank
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(link_gbps=float("inf")), "link_gbps"),
+    (dict(latency_us=float("nan")), "latency_us"),
+    (dict(latency_us=float("inf")), "latency_us"),
+    (dict(codec_gbytes_s=float("inf")), "codec_gbytes_s"),
+    (dict(numel="4096"), "numel"),
+    (dict(ranks=2.0), "ranks"),
+], ids=["link_inf", "latency_nan", "latency_inf", "codec_inf", "numel_str", "ranks_float"])
+def test_estimate_refuses_non_finite_rates_naming_them(kwargs, name):
+    """Before: link_gbps=inf raised ZeroDivisionError, latency_us=nan made every time NaN and
+    latency_us=inf gave a NaN speedup."""
+    with pytest.raises(ValueError, match=name):
+        taco.estimate(**(dict(numel=1 << 20, link_gbps=100.0, ranks=8) | kwargs))
+
+
+def test_estimate_takes_numpy_integers():
+    """Before: a numpy integer numel (e.g. from np.prod of a shape) was rejected."""
+    np = pytest.importorskip("numpy")
+    e = taco.estimate(np.prod(np.array([4096, 4096])), link_gbps=100.0, ranks=np.int64(8))
+    assert e == taco.estimate(4096 * 4096, link_gbps=100.0, ranks=8)
