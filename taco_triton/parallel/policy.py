@@ -47,7 +47,9 @@ class CompressionPolicy:
         default: config for every site not exempt or overridden; None compresses nothing.
         min_bytes: messages smaller than this run natively (see the collectives).
         exempt: fnmatch patterns of site names that always communicate natively.
-        forward, backward: switch compression per direction.
+        forward, backward: switch compression per direction: "forward" is what flows forward
+            (activations; megatron's DP parameter all-gather), "backward" the gradients (TP
+            dgrads, PP activation gradients, megatron's DP gradient reductions).
         overrides: pattern -> config for particular sites (first matching pattern wins).
         plan: JSON path. If it exists it is loaded (and the plan frozen) at construction;
             otherwise calibration writes it.
@@ -65,6 +67,8 @@ class CompressionPolicy:
         samples_per_site: how many tensors per site calibration keeps.
         comm_dtype: dtype activations and gradients are communicated in (None: their own).
             torch.bfloat16 reproduces bf16 training's communication while computing in FP32.
+            Applied by our TP layers and the DTensor integration; the megatron integration
+            communicates in megatron's own dtypes on every axis and does not apply it.
 
     Example:
         >>> p = CompressionPolicy(exempt=["layers.0.*"], backward=False)
