@@ -316,7 +316,7 @@ def gradient_policy(policy=None, *, error_feedback: bool = False):
     if policy is None:
         return CompressionPolicy(default=cfg)
     return CompressionPolicy(default=cfg if policy.default is not None else None, min_bytes=policy.min_bytes,
-                             exempt=list(policy.exempt), forward=getattr(policy, "forward", True),
+                             exempt=list(getattr(policy, "exempt", ())), forward=getattr(policy, "forward", True),
                              backward=getattr(policy, "backward", True), overrides=dict(getattr(policy, "overrides", {})),
                              comm_dtype=getattr(policy, "comm_dtype", None))
 
