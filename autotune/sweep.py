@@ -18,7 +18,10 @@ interpreter timings, meaningless for a GPU, and the interpreter runs every confi
 space is just the heuristic unless --full-space. Such entries are keyed device=cpu-interpreter
 and are never looked up by a GPU launch.
 
-Exit status: 0; 2 for bad arguments or a registered kernel without a builder.
+Exit status: 0; 1 when nothing was timed or looked up, or every config of a problem failed
+(the CSV and the cache keep what succeeded); 2 for bad arguments (one line on stderr), an
+unusable --device, --cache or --csv (checked before any timing), or a registered kernel
+without a builder.
 Importing this module makes no CUDA call.
 """
 from __future__ import annotations
@@ -62,6 +65,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"shape {text!r} is not like 8192x4096") from None
     if not dims or any(d <= 0 for d in dims):
         raise argparse.ArgumentTypeError(f"shape {text!r} must have positive dimensions")
+    if math.prod(dims) >= 2**63:
+        raise argparse.ArgumentTypeError(f"shape {text!r} has {math.prod(dims)} elements, more than a tensor can hold")
     return dims
 
 
@@ -94,7 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds; stop starting new problems after this (finished ones are kept)")
     args = p.parse_args(argv)
-    names = list(registry.KERNELS) if args.kernel == "all" else [k.strip() for k in args.kernel.split(",") if k]
+    names = list(registry.KERNELS) if args.kernel == "all" else [k.strip() for k in args.kernel.split(",") if k.strip()]
+    if not names:
+        p.error(f"--kernel {args.kernel!r} names no kernel; registered: {', '.join(registry.KERNELS)}")
     for k in names:
         if k not in registry.KERNELS:
             p.error(f"unknown kernel {k!r}; registered: {', '.join(registry.KERNELS)}")
@@ -103,12 +110,27 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.shape_list = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
+    if not args.shape_list:
+        p.error(f"--shapes {args.shapes!r} names no shape; use e.g. 8192x4096")
     args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    if not args.dtypes:
+        p.error(f"--dtype {args.dtype!r} names no dtype; allowed: {', '.join(DATA_DTYPES)}")
     for d in args.dtypes:
         if d not in DATA_DTYPES:
             p.error(f"dtype {d!r} is not supported; allowed: {', '.join(DATA_DTYPES)}")
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.rep_ms < 1:
+        p.error(f"--rep-ms must be >= 1, got {args.rep_ms}")
+    if args.max_configs is not None and args.max_configs < 1:
+        p.error(f"--max-configs must be >= 1, got {args.max_configs}")
+    if args.time_budget is not None and not (math.isfinite(args.time_budget) and args.time_budget > 0):
+        p.error(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
+    if args.device is not None:
+        try:
+            torch.device(args.device)
+        except RuntimeError:
+            p.error(f"--device {args.device!r} is not a device; use cuda or cpu")
     if args.configs:
         try:
             args.config_list = space.parse_configs(args.configs)
@@ -144,6 +166,30 @@ def write_csv(path: Path | None, rows: list[dict]) -> bool:
     return True
 
 
+def _writable_cache(path: str) -> str | None:
+    """Why the cache file `path` cannot be written, or None. Checked before any timing: the cache
+    is written after every problem (`cache.update` replaces the file through a temporary one
+    in its folder, which it creates)."""
+    import tempfile
+
+    if os.path.isdir(path):
+        return "it is a folder; name a file, e.g. autotune.json in it"
+    try:
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".autotune.", suffix=".check", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"autotune.sweep: error: {message}", file=sys.stderr)
+    return code
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     for k in args.kernels:
@@ -153,6 +199,8 @@ def main(argv=None) -> int:
             print(f"autotune.sweep: {exc}", file=sys.stderr)
             return 2
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return _fail(f"--device {args.device} but this torch sees no CUDA device (torch {torch.__version__})")
     interp = env.interpreting()
     if device.type != "cuda" and not interp:
         print(f"autotune.sweep: no compiled Triton kernels on device {device}: run on a GPU, or set "
@@ -161,6 +209,9 @@ def main(argv=None) -> int:
     dev_name, cc = meta.device_identity(device)
     triton_v, torch_v, commit, date = meta.triton_version(), meta.torch_version(), meta.git_commit(), meta.utc_now()
     cache_path = args.cache or env.autotune_cache_path()
+    problem = _writable_cache(cache_path)
+    if problem is not None:
+        return _fail(f"cannot write the cache {cache_path}: {problem}")
     base = CompressionConfig(codec=args.codec, group_size=args.group_size, hadamard=not args.no_hadamard,
                              scales=args.scales, rounding=args.rounding)
     stored = cache.load(cache_path, triton_v)
@@ -169,8 +220,12 @@ def main(argv=None) -> int:
     print(f"device {dev_name} (cc {cc}) | torch {torch_v} | triton {triton_v} | git {commit} | {date}")
     print(f"cache {cache_path} ({len(stored)} entries) | config {base} | repeats {args.repeats}\n")
 
-    rows, n_timed, n_hits, n_keys, stopped = [], 0, 0, 0, False
+    rows, n_timed, n_hits, n_keys, stopped, failed = [], 0, 0, 0, False, []
     out = csv_path(args.csv, dev_name, date)
+    try:
+        write_csv(out, [])  # a header now: an unwritable --csv fails before the timing, not after
+    except OSError as exc:
+        return _fail(f"cannot write --csv {out}: {type(exc).__name__}: {exc.strerror or exc}")
     t_start = time.perf_counter()
     common = dict(dtype=None, codec=base.codec, group_size=base.group_size, hadamard=base.hadamard,
                   scales=base.scales, rounding=base.rounding, device=dev_name, cc=cc, torch_version=torch_v,
@@ -227,11 +282,13 @@ def main(argv=None) -> int:
                                   f"{row['logical_gbps']:.3g} GB/s")
                         except Exception as exc:  # one config failing (e.g. out of resources) is a result
                             row.update(error=f"{type(exc).__name__}: {exc}"[:300])
-                            print(f"    warps={params['num_warps']:<2} stages={params['num_stages']}  FAILED {row['error']}")
+                            first = row["error"].splitlines()[0] if row["error"] else ""
+                            print(f"    warps={params['num_warps']:<2} stages={params['num_stages']}  FAILED {first}")
                         rows.append(row)
                 finally:
                     registry.release()
                 if not timed:
+                    failed.append(f"{kernel} {shape_s} {dname}")
                     continue
                 best = min(timed, key=lambda r: r["median_ms"])
                 best["best"] = True
@@ -250,6 +307,11 @@ def main(argv=None) -> int:
         print(f"\nCSV: {out} ({len(rows)} rows)")
     print(f"timed {n_timed} config(s), cached {n_keys} new key(s), {n_hits} cache hit(s) "
           f"in {time.perf_counter() - t_start:.1f} s" + (" (interpreter timings)" if interp else ""))
+    if failed:
+        return _fail(f"every config failed for {len(failed)} problem(s): {'; '.join(failed)} (see the FAILED "
+                     "lines above and the CSV's error column)", 1)
+    if n_timed == 0 and n_hits == 0:
+        return _fail("nothing was timed or found in the cache" + (" (--time-budget spent)" if stopped else ""), 1)
     return 0
 
 

@@ -34,7 +34,9 @@ Usage:
     TRITON_INTERPRET=1 python bench/kernels.py --quick   # CPU smoke run (tiny sizes)
     python bench/kernels.py --device cpu --impls eager,bare,copy --sizes 8M   # the CPU backend
 
-Exit status: 0, or 3 if a Triton kernel's output failed validation (the CSV is written anyway).
+Exit status: 0; 1 when no size was benchmarked (e.g. --time-budget spent first); 2 for bad
+arguments or an unusable --device or --csv (one line on stderr, before any timing); 3 if a
+Triton kernel's output failed validation (the CSV is written anyway).
 Importing this module makes no CUDA call.
 """
 from __future__ import annotations
@@ -669,10 +671,23 @@ def parse_args(argv=None):
     p.add_argument("--print-env", action="store_true", help="print versions, device and git commit, and exit")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
     args = p.parse_args(argv)
-    args.impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    raw_impls, args.impls = args.impls, [s.strip() for s in args.impls.split(",") if s.strip()]
     bad = set(args.impls) - set(IMPLS)
     if bad:
         p.error(f"unknown --impls {sorted(bad)}; choose from {list(IMPLS)}")
+    if not args.impls:
+        p.error(f"--impls {raw_impls!r} names no implementation; choose from {list(IMPLS)}")
+    if args.sizes is not None:
+        itemsize = DTYPES[args.dtype].itemsize
+        if not args.sizes:
+            p.error("--sizes names no size; use e.g. 1M,16M")
+        small = [s for s in args.sizes if s < itemsize]
+        if small:
+            p.error(f"--sizes {small} hold no {args.dtype} element (each size is bytes of input, >= {itemsize})")
+    if args.hidden < 1:
+        p.error(f"--hidden must be >= 1, got {args.hidden}")
+    if args.time_budget is not None and not (math.isfinite(args.time_budget) and args.time_budget > 0):
+        p.error(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     return args
 
 
@@ -745,7 +760,12 @@ def main(argv=None) -> int:
         path = Path(args.csv) / default_csv_path(meta, args.tag).name
     else:
         path = Path(args.csv)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # an unwritable --csv fails here, before the timing, not after it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(columns=COLUMNS).to_csv(path, index=False)
+    except OSError as exc:
+        print(f"error: cannot write --csv {path}: {type(exc).__name__}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
 
     def frame():
         df = pd.DataFrame(rows)
@@ -787,6 +807,9 @@ def main(argv=None) -> int:
     if bench.triton_failed:
         print("\nERROR: a Triton kernel failed validation or raised; see the 'valid' and 'note' columns.")
         return 3
+    if not rows:
+        print("error: nothing was benchmarked" + (" (--time-budget spent)" if stopped else ""), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -2,8 +2,10 @@
 
     >>> import taco_triton as taco
     >>> e = taco.estimate(8 * 4096 * 4096, link_gbps=400, ranks=8, codec_gbytes_s=None)
-    >>> round(e.wire_ratio, 3), round(e.speedup, 2)   # codec time left out: the link-bound ceiling
-    (0.504, 1.98)
+    >>> round(e.wire_ratio, 3), e.launches, round(e.speedup, 2)   # codec time left out, 3 launches' host time in
+    (0.504, 3, 1.95)
+    >>> round(taco.estimate(8 * 4096 * 4096, link_gbps=400, ranks=8, host_us_per_launch=0).speedup, 2)
+    1.98
 
 Model (per rank, full-duplex links, the nccl-tests cost model that `WireStats` counts):
 
@@ -22,18 +24,26 @@ Model (per rank, full-duplex links, the nccl-tests cost model that `WireStats` c
   second: measure it with `bench/kernels.py` on your GPU (its `bytes` column also counts the
   compressed side, so divide its `logical_gbps` by about 1.5 for bf16). None leaves the codec
   out: the result is then the ceiling the wire ratio allows, not a prediction.
-- `overlap=False` adds codec and link time (no pipelining); True takes the larger of the two,
-  the bound `pipeline` slicing approaches on large messages.
+- host time = kernel launches x `host_us_per_launch`: the compressed collectives launch at most
+  `LAUNCHES_PER_SLICE` kernels per pipeline slice (all_reduce 3: one compress of every chunk,
+  the fused reduce, one decompress; reduce_scatter and all_gather 2), `pipeline` slices per
+  call. The default per-launch time is `HOST_US_PER_LAUNCH`. The native collective launches no
+  codec kernel; the host time of the communication calls themselves is left out on both sides.
+- `overlap=False` adds codec, link and host time (no pipelining); True takes the largest of
+  the three, the bound `pipeline` slicing approaches on large messages.
 - `break_even_codec_gbytes_s`: the codec throughput below which compression loses. For a large
-  all_reduce it is (3 + 1/P) / (2 (P-1)/P x (1 - wire_ratio)) times the link's bytes/s without
-  overlap (3.6x at P = 8), (3 + 1/P) / (2 (P-1)/P) with it (1.8x).
+  all_reduce (host time negligible) it is (3 + 1/P) / (2 (P-1)/P x (1 - wire_ratio)) times the
+  link's bytes/s without overlap (3.6x at P = 8), (3 + 1/P) / (2 (P-1)/P) with it (1.8x); where
+  link and host time alone reach the native time, no codec is fast enough (inf).
 
-What the model leaves out: kernel launch overheads, contention between codec and communication
-for memory bandwidth, algorithms other than ring/two-shot (NCCL's tree and NVLS all-reduce move
-fewer bytes per rank at large P), and on the native side any in-network reduction.
+What the model leaves out: contention between codec and communication for memory bandwidth,
+algorithms other than ring/two-shot (NCCL's tree and NVLS all-reduce move fewer bytes per rank
+at large P), and on the native side any in-network reduction.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +52,13 @@ from .config import INPUT_DTYPES, SUPERBLOCK_ELEMS, CompressionConfig
 from .layout import WireLayout
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+#: Kernel launches per pipeline slice of each compressed collective: all_reduce compresses every
+#: chunk in one launch, reduces in one and decompresses in one; reduce_scatter compresses and
+#: decode-sums; all_gather compresses and decompresses.
+LAUNCHES_PER_SLICE = {"all_reduce": 3, "reduce_scatter": 2, "all_gather": 2}
+#: Host time per kernel launch on the collectives' path, in microseconds: the host time per launch
+#: measured by bench/host_overhead.py. 25 is a placeholder until that measured figure replaces it.
+HOST_US_PER_LAUNCH = 25.0
 _WIRE_ALIGN = 16  # each compressed chunk's slot in the collectives' buffers is 16-byte aligned
 
 
@@ -54,6 +71,8 @@ class Estimate:
     compressed_s: float
     link_s: float  # the compressed collective's communication time
     codec_s: float  # its compress/reduce/decompress time (0 when codec_gbytes_s is None)
+    launches: int  # its kernel launches per call (0 for a disabled config)
+    host_s: float  # the host time of those launches
     speedup: float
     wire_ratio: float  # compressed bytes on the wire / native bytes on the wire
     native_bytes_per_rank: float
@@ -63,9 +82,22 @@ class Estimate:
 
 
 def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
+
+
+def _non_negative(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _integer(name: str, value, low: int) -> int:
+    """`value` as an int (Python or numpy integers) if it is >= `low`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, collective: str = "all_reduce") -> int:
@@ -94,42 +126,52 @@ def estimate(
     collective: str = "all_reduce",
     latency_us: float = 0.0,
     overlap: bool = False,
+    pipeline: int = 1,
+    host_us_per_launch: float = HOST_US_PER_LAUNCH,
 ) -> Estimate:
     """Native vs compressed time of one collective on a `numel`-element `dtype` message.
 
     Args:
-        numel: elements of the whole message (all_reduce / reduce_scatter input, all_gather output).
+        numel: elements of the whole message (all_reduce / reduce_scatter input, all_gather output);
+            a Python or numpy integer.
         dtype: the message's dtype (bf16, fp16 or fp32).
-        config: the CompressionConfig (default: the default config).
+        config: the CompressionConfig (default: the default config). A disabled config
+            (`enabled=False`) is estimated as what the collectives run for it: the native
+            collective (speedup 1).
         link_gbps: link bandwidth per rank and direction, in Gbit/s (e.g. 400 for NDR InfiniBand).
         ranks: processes in the group (the TP degree), >= 2.
         codec_gbytes_s: dense GB/s (1e9 bytes) of one compress or decompress pass, measured or
             modelled by you; None leaves codec time out (a ceiling, flagged by `codec_counted`).
         collective: "all_reduce", "reduce_scatter" or "all_gather".
-        latency_us: per communication step (both paths take the same number of steps).
-        overlap: True when codec and link overlap perfectly (pipelined large messages).
+        latency_us: per communication step (both paths take the same number of steps), finite.
+        overlap: True when codec, link and host overlap perfectly (pipelined large messages).
+        pipeline: pipeline slices per call (the collectives' `pipeline` depth), >= 1: each slice
+            makes `LAUNCHES_PER_SLICE[collective]` kernel launches.
+        host_us_per_launch: host time per kernel launch in microseconds, finite and >= 0
+            (default `HOST_US_PER_LAUNCH`; 0 leaves host time out).
 
-    Raises ValueError naming the offending value.
+    Rates must be positive and finite (an infinitely fast link or codec is not a model input: leave
+    the codec out with None). Raises ValueError naming the offending value.
     """
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel <= 0:
-        raise ValueError(f"numel must be a positive int, got {numel!r}")
+    numel = _integer("numel", numel, 1)
     if dtype not in INPUT_DTYPES:
         raise ValueError(f"dtype must be one of {list(INPUT_DTYPES)}, got {dtype!r}")
     config = CompressionConfig() if config is None else config
     if not isinstance(config, CompressionConfig):
         raise ValueError(f"config must be a CompressionConfig or None, got {type(config).__name__}")
     link_bytes_s = _positive("link_gbps", link_gbps) * 1e9 / 8
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
-        raise ValueError(f"ranks must be an int >= 2, got {ranks!r}")
+    ranks = _integer("ranks", ranks, 2)
     codec_bytes_s = None if codec_gbytes_s is None else _positive("codec_gbytes_s", codec_gbytes_s) * 1e9
     if collective not in COLLECTIVES:
         raise ValueError(f"collective must be one of {list(COLLECTIVES)}, got {collective!r}")
-    if isinstance(latency_us, bool) or not isinstance(latency_us, (int, float)) or latency_us < 0:
-        raise ValueError(f"latency_us must be a number >= 0, got {latency_us!r}")
+    latency_us = _non_negative("latency_us", latency_us)
+    pipeline = _integer("pipeline", pipeline, 1)
+    host_us_per_launch = _non_negative("host_us_per_launch", host_us_per_launch)
 
     p = ranks
     dense = numel * dtype.itemsize
-    wire = compressed_wire_bytes(numel, config, p, collective)
+    # a disabled config runs the native collective: same bytes, no codec
+    wire = compressed_wire_bytes(numel, config, p, collective) if config.enabled else dense
     two_phase = collective == "all_reduce"
     share = (2 if two_phase else 1) * (p - 1) / p
     steps = (2 if two_phase else 1) * (p - 1)
@@ -138,14 +180,22 @@ def estimate(
     native_s = native_bytes / link_bytes_s + latency
     link_s = compressed_bytes / link_bytes_s + latency
     passes = {"all_reduce": 3 + 1 / p, "reduce_scatter": 2.0, "all_gather": 1 + 1 / p}[collective]
-    codec_s = 0.0 if codec_bytes_s is None else passes * dense / codec_bytes_s
-    compressed_s = max(link_s, codec_s) if overlap else link_s + codec_s
-    # speedup 1 when codec_s reaches native_s (overlapped) or native_s - link_s (serial)
-    codec_budget_s = native_s if overlap else native_s - link_s
-    break_even = passes * dense / codec_budget_s / 1e9 if codec_budget_s > 0 else float("inf")
+    codec_s = 0.0 if codec_bytes_s is None or not config.enabled else passes * dense / codec_bytes_s
+    launches = LAUNCHES_PER_SLICE[collective] * pipeline if config.enabled else 0
+    host_s = launches * host_us_per_launch * 1e-6
+    compressed_s = max(link_s, codec_s, host_s) if overlap else link_s + codec_s + host_s
+    # speedup 1 when codec_s reaches native_s (overlapped) or native_s - link_s - host_s (serial)
+    if overlap:
+        codec_budget_s = native_s if max(link_s, host_s) < native_s else 0.0
+    else:
+        codec_budget_s = native_s - link_s - host_s
+    if not config.enabled:
+        break_even = 0.0  # no codec runs: speedup 1 at any codec throughput
+    else:
+        break_even = passes * dense / codec_budget_s / 1e9 if codec_budget_s > 0 else float("inf")
     return Estimate(
         collective=collective, native_s=native_s, compressed_s=compressed_s, link_s=link_s,
-        codec_s=codec_s, speedup=native_s / compressed_s, wire_ratio=wire / dense,
+        codec_s=codec_s, launches=launches, host_s=host_s, speedup=native_s / compressed_s, wire_ratio=wire / dense,
         native_bytes_per_rank=native_bytes, compressed_bytes_per_rank=compressed_bytes,
         codec_counted=codec_bytes_s is not None, break_even_codec_gbytes_s=break_even,
     )

@@ -478,13 +478,17 @@ def calibration(rank: int, world: int, plan_path: str) -> dict:
     plans = [None] * world
     dist.all_gather_object(plans, plan)
     assert all(p == plans[0] for p in plans), f"plans differ across ranks: {plans}"
-    # what this rank would have picked alone: the ranks disagree, and the plan is rank 0's choice
-    mine = taco.calibrate([t for s, d, t in pol.sent if s == "cal.reduce"], backend="torch").config
-    choices = [None] * world
+    # what this rank would have picked alone: the ranks disagree, and the plan is the choice over
+    # every rank's samples together
+    sent = [t for s, d, t in pol.sent if s == "cal.reduce"]
+    mine = taco.calibrate(sent, backend="torch").config
+    choices, everyone = [None] * world, [None] * world
     dist.all_gather_object(choices, (mine.codec, mine.group_size, mine.hadamard))
+    dist.all_gather_object(everyone, sent)
     assert len(set(choices)) > 1, f"ranks would choose alike ({choices}): the test would prove nothing"
     chosen = plan["cal.reduce|forward"]
-    assert (chosen.codec, chosen.group_size, chosen.hadamard) == choices[0], (chosen, choices)
+    together = taco.calibrate([t for ts in everyone for t in ts], backend="torch").config
+    assert chosen == together, (chosen, together, choices)
     # the frozen plan drives the collective, identically on every rank
     t = rank_data(rank, 5)
     got = reduce_from_tp_region(t, "cal.reduce", pol)

@@ -128,8 +128,11 @@ def test_calibrate_by_error_budget_picks_the_fewest_bytes_within_it():
         res = taco.calibrate(samples, max_error=budget, backend="torch")
         t = res.table
         chosen = t[t.chosen].iloc[0]
-        assert chosen.rel_l2_max <= budget and bool((t.within_budget == (t.rel_l2_max <= budget)).all())
-        assert chosen.rate_bytes_per_element == t[t.rel_l2_max <= budget].rate_bytes_per_element.min()
+        # the budget is compared with the bound on held-out tensors: the samples' worst error plus the margin
+        assert t.rel_l2_bound.tolist() == pytest.approx((t.rel_l2_max + t.margin).tolist(), rel=1e-12)
+        assert bool((t.margin >= 0).all())
+        assert chosen.rel_l2_bound <= budget and bool((t.within_budget == (t.rel_l2_bound <= budget)).all())
+        assert chosen.rate_bytes_per_element == t[t.rel_l2_bound <= budget].rate_bytes_per_element.min()
         assert res.config.codec == chosen.codec and res.config.group_size == chosen.group_size
     both = taco.calibrate(samples, max_bytes_per_element=0.7, max_error=0.2, backend="torch")
     assert both.config.codec == "int4"  # the byte budget leaves only int4

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import taco_triton as taco
-from taco_triton.estimate import COLLECTIVES
+from taco_triton.estimate import COLLECTIVES, HOST_US_PER_LAUNCH, LAUNCHES_PER_SLICE
 from tests.dist_utils import run_ranks
 
 # 3 ranks: equal super-block-aligned all_reduce chunks and equal first-dim shards, where the model's
@@ -47,8 +47,8 @@ def test_byte_counts_equal_what_the_collectives_send():
 
 @pytest.mark.parametrize("ranks", [2, 8])
 def test_without_codec_time_the_speedup_is_the_inverse_wire_ratio(ranks):
-    e = taco.estimate(1 << 24, link_gbps=100.0, ranks=ranks, codec_gbytes_s=None)
-    assert not e.codec_counted and e.codec_s == 0.0
+    e = taco.estimate(1 << 24, link_gbps=100.0, ranks=ranks, codec_gbytes_s=None, host_us_per_launch=0)
+    assert not e.codec_counted and e.codec_s == 0.0 and e.host_s == 0.0
     assert e.speedup == pytest.approx(1 / e.wire_ratio, rel=1e-12)
     # dual scales at G=128: (G + 1 + 4 G / 4096) / (2 G) of bf16, plus chunk padding
     assert 0.5 < e.wire_ratio < 0.505
@@ -61,10 +61,30 @@ def test_times_follow_the_stated_model():
     latency = 2 * (p - 1) * 5e-6
     assert e.native_s == pytest.approx(2 * (p - 1) / p * dense / link_bytes_s + latency)
     assert e.codec_s == pytest.approx((3 + 1 / p) * dense / (codec * 1e9))
-    assert e.compressed_s == pytest.approx(e.link_s + e.codec_s)
+    assert e.launches == 3 and e.host_s == pytest.approx(3 * HOST_US_PER_LAUNCH * 1e-6)
+    assert e.compressed_s == pytest.approx(e.link_s + e.codec_s + e.host_s)
     overlapped = taco.estimate(n, torch.float16, link_gbps=link, ranks=p, codec_gbytes_s=codec, overlap=True,
                                latency_us=5.0)
-    assert overlapped.compressed_s == pytest.approx(max(e.link_s, e.codec_s))
+    assert overlapped.compressed_s == pytest.approx(max(e.link_s, e.codec_s, e.host_s))
+
+
+@pytest.mark.parametrize("collective, per_slice", sorted(LAUNCHES_PER_SLICE.items()))
+def test_host_time_counts_the_launches_of_every_pipeline_slice(collective, per_slice):
+    kw = dict(link_gbps=400.0, ranks=8, collective=collective, codec_gbytes_s=200.0)
+    for pipeline, host_us in ((1, 25.0), (4, 25.0), (4, 10.0)):
+        e = taco.estimate(1 << 22, pipeline=pipeline, host_us_per_launch=host_us, **kw)
+        assert e.launches == per_slice * pipeline
+        assert e.host_s == pytest.approx(per_slice * pipeline * host_us * 1e-6, rel=1e-12)
+        free = taco.estimate(1 << 22, pipeline=pipeline, host_us_per_launch=0, **kw)
+        assert e.compressed_s == pytest.approx(free.compressed_s + e.host_s, rel=1e-12)
+    assert taco.estimate(1 << 22, **kw).host_s == pytest.approx(per_slice * HOST_US_PER_LAUNCH * 1e-6)
+
+
+def test_host_time_decides_whether_a_small_message_pays_off():
+    """16 KiB of bf16 at 400 Gbit/s: the link saves about 0.1 us, three launches cost tens of us."""
+    small = taco.estimate(8192, link_gbps=400.0, ranks=8)
+    assert small.speedup < 0.05 and small.break_even_codec_gbytes_s == float("inf")
+    assert taco.estimate(8192, link_gbps=400.0, ranks=8, host_us_per_launch=0).speedup > 1.5
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlapped"])
@@ -88,6 +108,9 @@ def test_at_the_break_even_codec_throughput_the_speedup_is_one(overlap):
         (dict(codec_gbytes_s=-1.0), "codec_gbytes_s"),
         (dict(collective="broadcast"), "collective"),
         (dict(latency_us=-1), "latency_us"),
+        (dict(pipeline=0), "pipeline"),
+        (dict(host_us_per_launch=-1.0), "host_us_per_launch"),
+        (dict(host_us_per_launch=float("nan")), "host_us_per_launch"),
         (dict(config="fp8"), "config"),
     ],
     ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={v[k]}" for k in v),

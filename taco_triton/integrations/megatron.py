@@ -99,6 +99,7 @@ linear_proj and linear_fc2 of each of the L layers) and 2L + 1 backward dgrad al
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import weakref
 from dataclasses import dataclass
@@ -230,13 +231,32 @@ class _DistShim:
 
 
 class _TorchShim:
-    """`torch` as megatron's layers.py sees it: only `.distributed` differs (a `_DistShim`)."""
+    """`torch` as megatron's layers.py sees it: only `.distributed` differs (a `_DistShim`), and
+    only while `on()` holds; otherwise every attribute is the replaced object's (`orig`)."""
 
-    def __init__(self, distributed: _DistShim):
-        self.distributed = distributed
+    def __init__(self, distributed: _DistShim, orig: Any = torch, on: Callable[[], bool] = lambda: True):
+        self._distributed, self._orig, self._on = distributed, orig, on
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
+        if name == "distributed" and self._on():
+            return self._distributed
+        return getattr(self._orig, name)
+
+
+def _gated(handle: "MegatronHandle", orig: Any, ours: Any) -> Any:
+    """`ours`, which acts only while `handle` is active and is `orig` afterwards: a wrapper that
+    captured it after `enable` reaches megatron's original once `disable` ran."""
+    if isinstance(ours, staticmethod):
+        return staticmethod(_gated(handle, orig.__func__, ours.__func__))
+    if isinstance(ours, _TorchShim):
+        ours._orig, ours._on = orig, lambda: handle._active
+        return ours
+
+    @functools.wraps(ours)
+    def gated(*args, **kwargs):
+        return (ours if handle._active else orig)(*args, **kwargs)
+
+    return gated
 
 
 class _CountedWork:
@@ -285,10 +305,16 @@ class _DecodeAfterAll:
 def gradient_policy(policy=None, *, error_feedback: bool = False):
     """The data-parallel policy `enable` derives when it is not given one.
 
-    `GRADIENT_CONFIG` (INT8, Hadamard, stochastic rounding) for every DP site, with the
-    `min_bytes` and `exempt` patterns of `policy`; nothing compressed when `policy.default` is
-    None. With `error_feedback`, rounding is nearest (the residual this rank carries is then
-    exactly what its quantization dropped; see `enable`).
+    `GRADIENT_CONFIG` (INT8, Hadamard, stochastic rounding) as the default of every DP site,
+    with `policy`'s other fields meaning what they mean on every axis: `forward` (the parameter
+    all-gather, compressed only with `compress_param_gather`) and `backward` (the gradient
+    reductions) switch compression per direction, `min_bytes`, `exempt` and `overrides` (site
+    patterns such as ``"megatron.dp.*"``) apply as they are, `comm_dtype` is kept (the megatron
+    integration communicates in megatron's own dtypes on every axis, see `enable`). Nothing is
+    compressed when `policy.default` is None. Calibration fields are not carried: DP gradients
+    are not calibrated unless `enable(dp=...)` gets a calibrating policy. With `error_feedback`,
+    the default rounds to nearest (the residual this rank carries is then exactly what its
+    quantization dropped; see `enable`).
     """
     from ..parallel import CompressionPolicy
 
@@ -296,7 +322,9 @@ def gradient_policy(policy=None, *, error_feedback: bool = False):
     if policy is None:
         return CompressionPolicy(default=cfg)
     return CompressionPolicy(default=cfg if policy.default is not None else None, min_bytes=policy.min_bytes,
-                             exempt=list(policy.exempt))
+                             exempt=list(getattr(policy, "exempt", ())), forward=getattr(policy, "forward", True),
+                             backward=getattr(policy, "backward", True), overrides=dict(getattr(policy, "overrides", {})),
+                             comm_dtype=getattr(policy, "comm_dtype", None))
 
 
 class MegatronHandle:
@@ -334,7 +362,8 @@ class MegatronHandle:
 
     def disable(self) -> None:
         """Restore every replaced object (the same objects); a second call does nothing. An
-        attribute another patch replaced after `enable` keeps that patch."""
+        attribute another patch replaced after `enable` keeps that patch, and our replacement it
+        may have captured falls through to megatron's original from now on."""
         global _active
         if not self._active:
             return
@@ -700,7 +729,13 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
         policy: a `taco_triton.parallel.CompressionPolicy` (anything with `config_for(site,
             direction)`, `observe(site, direction, tensor)` and `min_bytes`) for TP collectives
             and pipeline send/recv; DP gradients get `gradient_policy(policy)` (INT8, Hadamard,
-            stochastic rounding) unless `dp` is given.
+            stochastic rounding; the policy's `forward`, `backward`, `exempt`, `overrides` and
+            `min_bytes` apply) unless `dp` is given. On every axis "forward" is what flows
+            forward (TP activations, PP activations, the DP parameter all-gather) and
+            "backward" the gradients (TP dgrads, PP activation gradients, DP gradient
+            reductions): `backward=False` compresses forward communication only. The policy's
+            `comm_dtype` is not applied on any axis: megatron communicates in its own dtypes
+            (its ``bf16``/``fp16`` and ``grad_reduce_in_fp32`` settings).
         model: optional; when given, TP site names carry the qualified name of the issuing module
             (see the module docstring).
         tp: the TP axis's policy, replacing what `policy` would give it. An axis that gets no
@@ -760,6 +795,7 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
     try:
         for obj, attr, new in handle._replacements(*modules):
             orig = obj.__dict__[attr] if isinstance(obj, type) else getattr(obj, attr)
+            new = _gated(handle, orig, new)
             handle._saved.append((obj, attr, orig, new))
             setattr(obj, attr, new)
             owner = obj.__name__ if isinstance(obj, type) else obj.__name__.rsplit(".", 1)[-1]

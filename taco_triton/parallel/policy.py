@@ -6,11 +6,13 @@ A site is a named communication point: "<module name>.<role>" (for example
 None for the native collective.
 
 Data-driven plan: with `calibrate_steps=K > 0`, the first K training steps communicate with the
-default config while the policy keeps a few finite samples per site (samples holding NaN/Inf, as
-on an AMP overflow step, are skipped and counted); at the end of step K, rank 0 runs
-`taco_triton.calibrate` per site and broadcasts the plan, or the error it met, so every rank
-uses the same plan or raises the same ValueError (no rank waits on another's exception); the
-plan is frozen and saved to `plan` (JSON). A later run that finds the file loads it instead.
+default config while the policy keeps a few finite samples per site on every rank (samples
+holding NaN/Inf, as on an AMP overflow step, are skipped and counted); at the end of step K every
+rank measures the candidates on its own samples (`taco_triton.calibrate.measure`), the
+measurements are gathered, and every rank decides the same plan from all of them (or raises the
+same ValueError: no rank waits on another's exception). An error budget is thus checked against
+every rank's tensors, with the margin for later steps' tensors (`calibrate`'s `rel_l2_bound`).
+The plan is frozen and saved to `plan` (JSON). A later run that finds the file loads it instead.
 """
 from __future__ import annotations
 
@@ -23,14 +25,14 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..calibrate import calibrate
+from ..calibrate import check_budget, choose, default_candidates, measure, merge
 from ..collectives.compressed import DEFAULT_MIN_BYTES
 from ..config import CompressionConfig
 
 DIRECTIONS = ("forward", "backward")
 _PLAN_VERSION = 1
 #: What a calibrated plan records per site (columns of `calibrate`'s table).
-_MEASURED = ("rate_bytes_per_element", "rel_l2_mean", "rel_l2_max")
+_MEASURED = ("rate_bytes_per_element", "rel_l2_mean", "rel_l2_max", "rel_l2_bound", "margin")
 
 
 def _key(site: str, direction: str) -> str:
@@ -45,22 +47,29 @@ class CompressionPolicy:
         default: config for every site not exempt or overridden; None compresses nothing.
         min_bytes: messages smaller than this run natively (see the collectives).
         exempt: fnmatch patterns of site names that always communicate natively.
-        forward: compress the forward direction's sites (False: native).
-        backward: compress the backward direction's sites (False: native).
+        forward: compress what flows forward (activations; megatron's DP parameter all-gather);
+            False: native.
+        backward: compress the gradients (TP dgrads, PP activation gradients, megatron's DP
+            gradient reductions); False: native.
         overrides: pattern -> config for particular sites (first matching pattern wins).
         plan: JSON path. If it exists it is loaded (and the plan frozen) at construction;
             otherwise calibration writes it.
         calibrate_steps: K > 0 collects samples for K steps, then calibrates every site.
-        max_bytes_per_element: the calibration budget (see `taco_triton.calibrate`).
-        max_error: an error budget for calibration: each site gets the config with the fewest
-            bytes whose worst relative L2 error on its samples is within it (see
-            `taco_triton.calibrate`). A number applies to both directions; a dict such as
+        max_bytes_per_element: the calibration budget (see `taco_triton.calibrate`), a positive
+            finite number. Calibration varies codec, group size and Hadamard around each site's
+            configured config (default or override) and keeps its scales, rounding and seed.
+        max_error: an error budget for calibration (needs `calibrate_steps` > 0; ValueError
+            otherwise): each site gets the config with the fewest bytes whose worst relative L2
+            error on every rank's samples, plus the margin for held-out tensors of the site
+            (`rel_l2_bound`), is within it (see `taco_triton.calibrate`). A number applies to both directions; a dict such as
             {"forward": 0.025, "backward": 0.01} sets each direction (a direction left out is
             calibrated for the lowest error within the byte budget). `plan_table()` shows each
             site's choice and its measured error.
         samples_per_site: how many tensors per site calibration keeps.
         comm_dtype: dtype activations and gradients are communicated in (None: their own).
             torch.bfloat16 reproduces bf16 training's communication while computing in FP32.
+            Applied by our TP layers and the DTensor integration; the megatron integration
+            communicates in megatron's own dtypes on every axis and does not apply it.
 
     Example:
         >>> p = CompressionPolicy(exempt=["layers.0.*"], backward=False)
@@ -103,15 +112,16 @@ class CompressionPolicy:
                                  ("samples_per_site", self.samples_per_site, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if isinstance(self.max_bytes_per_element, bool) or not isinstance(self.max_bytes_per_element, (int, float)):
-            raise ValueError(f"max_bytes_per_element must be a number, got {self.max_bytes_per_element!r}")
+        check_budget("max_bytes_per_element", self.max_bytes_per_element)
         budgets = self.max_error if isinstance(self.max_error, Mapping) else {}
         if set(budgets) - set(DIRECTIONS):
             raise ValueError(f"max_error keys must be among {DIRECTIONS}, got {sorted(budgets)}")
         for value in budgets.values() if budgets else [self.max_error]:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-                raise ValueError(f"max_error must be None, a positive number or a dict of them per direction, "
-                                 f"got {self.max_error!r}")
+            if value is not None:
+                check_budget("max_error", value, f" per direction or None (got max_error={self.max_error!r})")
+        if self.max_error is not None and self.calibrate_steps == 0:  # an error budget nothing would apply
+            raise ValueError(f"max_error={self.max_error!r} needs calibrate_steps > 0: the budget is applied "
+                             "by calibrating on the first calibrate_steps steps' samples")
         for pat, cfg in dict(self.overrides).items():
             if not isinstance(pat, str) or not (cfg is None or isinstance(cfg, CompressionConfig)):
                 raise TypeError(f"overrides must map patterns (str) to CompressionConfig or None, got {pat!r}: {cfg!r}")
@@ -159,8 +169,10 @@ class CompressionPolicy:
                 self.skipped_nonfinite[key] = self.skipped_nonfinite.get(key, 0) + 1
 
     def step(self, group=None) -> None:
-        """Call once per training step. At the end of step `calibrate_steps` the plan is decided on
-        rank 0 of `group`, broadcast, frozen and (if `plan` is a path) saved."""
+        """Call once per training step. At the end of step `calibrate_steps` every rank of `group`
+        measures the candidates on its own samples, the measurements are gathered, and every rank
+        decides the same plan from all of them (or raises the same ValueError); the plan is frozen
+        and (if `plan` is a path) saved by rank 0."""
         if not self.calibrating:
             return
         self._steps += 1
@@ -169,20 +181,25 @@ class CompressionPolicy:
         import torch.distributed as dist
 
         distributed = dist.is_available() and dist.is_initialized()
-        box = [None]
-        if not distributed or dist.get_rank(group) == 0:
-            try:
-                box = [(self._calibrate_local(), None)]
-            except (ValueError, TypeError) as e:  # every rank raises it below, none waits
-                box = [(None, f"{type(e).__name__}: {e}")]
+        rank = dist.get_rank(group) if distributed else 0
+        try:
+            mine = (self._measure_local(), None)
+        except (ValueError, TypeError) as e:  # every rank raises it below, none waits
+            mine = (None, f"rank {rank}: {type(e).__name__}: {e}")
+        everyone = [mine]
         if distributed:
-            dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-        plan, error = box[0]
+            everyone = [None] * dist.get_world_size(group)
+            dist.all_gather_object(everyone, mine, group=group)
         self._samples = {}
-        if error is not None:
-            raise ValueError(f"CompressionPolicy calibration failed on rank 0 at step {self._steps}: {error}")
-        (self._plan, self._measured), self._frozen = plan, True
-        if self.plan is not None and (not dist.is_initialized() or dist.get_rank(group) == 0):
+        errors = [err for _, err in everyone if err is not None]
+        try:
+            if errors:
+                raise ValueError(errors[0])
+            self._plan, self._measured = self._decide([tables for tables, _ in everyone])
+        except ValueError as e:  # the same inputs on every rank: the same error everywhere
+            raise ValueError(f"CompressionPolicy calibration failed at step {self._steps}: {e}") from None
+        self._frozen = True
+        if self.plan is not None and rank == 0:
             self.save_plan(self.plan)
 
     def error_budget(self, direction: str) -> float | None:
@@ -191,16 +208,31 @@ class CompressionPolicy:
             return self.max_error.get(direction)
         return self.max_error
 
-    def _calibrate_local(self) -> tuple[dict, dict]:
-        plan, measured = {}, {}
+    def _measure_local(self) -> dict:
+        """{"site|direction": `calibrate.measure` table} of this rank's samples. The candidates
+        vary codec, group size and Hadamard around the site's configured config and keep its
+        scales, rounding and seed, so each is measured as it will run."""
+        tables = {}
         for key, samples in sorted(self._samples.items()):
             if not samples:  # every sample was non-finite: the site keeps its configured default
                 continue
             site, _, direction = key.rpartition("|")
-            base = self.config_for(site, direction) or CompressionConfig()  # keeps overrides' other fields
-            res = calibrate(samples, max_bytes_per_element=self.max_bytes_per_element,
-                            max_error=self.error_budget(direction), backend="torch")
-            plan[key] = base.replace(codec=res.config.codec, group_size=res.config.group_size, hadamard=res.config.hadamard)
+            base = self.config_for(site, direction) or CompressionConfig()
+            tables[key] = measure(samples, default_candidates(base), backend="torch")
+        return tables
+
+    def _decide(self, per_rank: list[dict]) -> tuple[dict, dict]:
+        """The plan and its measurements from every rank's tables (a site merges the ranks that
+        sampled it)."""
+        plan, measured = {}, {}
+        for key in sorted({k for tables in per_rank for k in tables}):
+            site, _, direction = key.rpartition("|")
+            try:
+                res = choose(merge([t[key] for t in per_rank if key in t]), self.max_bytes_per_element,
+                             self.error_budget(direction))
+            except ValueError as e:
+                raise ValueError(f"{key}: {e}") from None
+            plan[key] = res.config
             row = res.table[res.table.chosen].iloc[0]
             measured[key] = {k: float(row[k]) for k in _MEASURED}
         return plan, measured
@@ -212,9 +244,10 @@ class CompressionPolicy:
 
     def plan_table(self):
         """The plan as a pandas DataFrame, one row per site and direction: the chosen codec,
-        group size and Hadamard, and what calibration measured on the site's samples (wire
-        bytes per element, mean and worst relative L2 error; NaN for a loaded plan saved
-        without them)."""
+        group size and Hadamard, and what calibration measured on the site's samples of every
+        rank: wire bytes per element, mean and worst relative L2 error, the bound on held-out
+        tensors that an error budget is compared with (`rel_l2_bound`) and its `margin` over
+        the worst sample (NaN for a loaded plan saved without them)."""
         import pandas as pd
 
         rows = []
