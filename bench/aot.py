@@ -16,6 +16,11 @@ with the ptxas/cuobjdump shipped in the triton wheel) or AMDGCN (AMD). From the 
     mma_per_elem, tc_flops_per_elem tensor-core instructions and their flops per element
     occupancy, limiter              resident warps / the SM's maximum, and what limits them
     pct_copy_bw_bound               the model's ceiling on % of copy bandwidth (below)
+    slow_calls_per_tile             NVIDIA: calls per tile of the division / square-root slow
+                                    path (a subroutine, taken for subnormal, huge or special
+                                    operands; the common case skips it, so it is not counted above)
+    instr_per_elem_worst,           the same with every slow-path call taken (each adds its
+    pct_copy_bw_bound_worst         subroutine's static length); AMD: equal, the slow path is inline
 
 The model. Per element, a kernel needs
     t_mem   = bytes moved / copy bandwidth               (a copy moving the same bytes)
@@ -334,7 +339,30 @@ def analyze_cuda(kernel, gpu: GPU) -> dict:
     mma = [(_mma_flops(instrs[i][1], "cuda"), w) for i, w in weighted]
     return {"regs": regs, "spill_bytes": stack + local, "smem_bytes": shared + kernel.metadata.shared * 0,
             "smem_dynamic": kernel.metadata.shared, "instr_per_tile": per_tile, "static_instr": len(instrs),
-            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops)}
+            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
+            **_slow_calls(instrs, weighted)}
+
+
+_CALL = re.compile(r"(?:^|\s)CALL\.REL(?:\.NOINC)?\s+(?:`\()?\.?[A-Za-z_$.0-9]*\)?\s*0x([0-9a-f]+)")
+
+
+def _slow_calls(instrs, weighted) -> dict:
+    """The slow paths the tile loop calls (CALL.REL to a subroutine after the kernel's EXIT: FP32
+    division and square root for subnormal, huge or special operands): call sites per tile and
+    the instructions per tile if every call is taken (`instr_per_tile_worst`), each callee's static
+    length (an upper bound of any path through it) added per call."""
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    calls, extra = 0, 0
+    for i, w in weighted:
+        m = _CALL.search(instrs[i][1])
+        if not m or int(m.group(1), 16) not in index:
+            continue
+        start = index[int(m.group(1), 16)]
+        end = next((j for j in range(start, len(instrs)) if instrs[j][1].split()[0].lstrip("@!P0123456789 ").startswith("RET")
+                    or re.search(r"(^|\s)RET", instrs[j][1])), len(instrs) - 1)
+        calls += w
+        extra += w * (end - start + 1)
+    return {"slow_calls_per_tile": calls, "slow_instr_per_tile": extra}
 
 
 def analyze_hip(kernel, gpu: GPU) -> dict:
@@ -370,9 +398,11 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
     loops = _loop_bodies(instrs, is_branch, target_of)
     per_tile, weighted = _per_tile_instructions(instrs, loops, RANKS)
     mma = [(_mma_flops(instrs[i][1], "hip"), w) for i, w in weighted]
+    # AMD's division and square root are inline sequences (no subroutine): already counted
     return {"regs": vgpr + agpr, "spill_bytes": scratch, "smem_bytes": lds, "smem_dynamic": kernel.metadata.shared,
             "instr_per_tile": per_tile, "static_instr": len(instrs),
-            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops)}
+            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
+            "slow_calls_per_tile": 0, "slow_instr_per_tile": 0}
 
 
 def occupancy(gpu: GPU, warps: int, regs: int, smem: int) -> tuple[float, str]:
@@ -411,10 +441,14 @@ def model(v: Variant, gpu: GPU, a: dict) -> dict:
     t_tc = flops16 / (gpu.tc16_tflops * 1e12) + flops32 / (gpu.tf32_tflops * 1e12)
     occ, limiter = occupancy(gpu, v.num_warps, a["regs"], a["smem_bytes"] + a["smem_dynamic"])
     bound = 100.0 * t_mem / max(t_mem, t_issue, t_tc)
+    instr_worst = (a["instr_per_tile"] + a["slow_instr_per_tile"]) * v.num_warps / tile
+    t_worst = instr_worst / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
     return {"instr_per_elem": round(instr, 4), "mma_per_elem": round(n_mma, 5),
             "tc_flops_per_elem": round(flops16 + flops32, 1), "occupancy": round(occ, 3), "occupancy_limiter": limiter,
             "bytes_per_elem": round(bytes_per_elem(v), 4), "pct_copy_bw_bound": round(bound, 1),
-            "bound_by": "memory" if bound >= 99.95 else ("issue" if t_issue >= t_tc else "tensor cores")}
+            "bound_by": "memory" if bound >= 99.95 else ("issue" if t_issue >= t_tc else "tensor cores"),
+            "slow_calls_per_tile": a["slow_calls_per_tile"], "instr_per_elem_worst": round(instr_worst, 4),
+            "pct_copy_bw_bound_worst": round(100.0 * t_mem / max(t_mem, t_worst, t_tc), 1)}
 
 
 def evaluate(v: Variant, target: str) -> dict:
@@ -498,7 +532,7 @@ def main(argv=None) -> int:
     if args.csv:
         df.to_csv(args.csv, index=False)
     cols = ["kernel", "target", "codec", "group_size", "hadamard", "scales", "rounding", "dtype", "num_warps", "numel", "ok",
-            "regs", "spill_bytes", "instr_per_elem", "pct_copy_bw_bound", "bound_by"]
+            "regs", "spill_bytes", "instr_per_elem", "pct_copy_bw_bound", "bound_by", "pct_copy_bw_bound_worst"]
     with pd.option_context("display.width", 200, "display.max_rows", 400):
         print(df[[c for c in cols if c in df]].to_string(index=False))
     failed = df[~df["ok"]]
