@@ -367,7 +367,7 @@ def _dot(a, b, DOT_PREC: tl.constexpr):
     would be one TF32 pass, rounding a to 10 mantissa bits): a is split into three bf16 pieces,
     hi = bf16(a), mid = bf16(a - hi), lo = bf16(a - hi - mid), whose sum is a exactly (8 + 8 + 8
     significand bits; pieces below bf16's subnormal spacing 2^-133 are lost), and three bf16 dots
-    accumulate lo, mid, hi against b in FP32: exact products, only the FP32 accumulation rounds.
+    accumulate hi, mid, lo against b in FP32: exact products, only the FP32 accumulation rounds.
     It is cheaper than Triton's tf32x3 (three bf16 passes instead of three TF32 passes, and no
     FP32 copies of the pieces), which spilled on sm_80 and sm_90. FP32 a elsewhere: DOT_PREC
     ("ieee": AMD's FP32 matrix instructions, the interpreter).
@@ -375,12 +375,17 @@ def _dot(a, b, DOT_PREC: tl.constexpr):
     if a.dtype == tl.float32 and DOT_PREC == "tf32x3":
         hb = b.to(tl.bfloat16)
         hi = (a.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        acc = tl.dot(hi.to(tl.bfloat16), hb, out_dtype=tl.float32)
         r = a - hi  # exact; NaN for +-Inf / NaN a, whose hi already carries them
         r = tl.where(r == r, r, 0.0)
         mid = (r.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        acc = tl.dot(mid.to(tl.bfloat16), hb, acc, out_dtype=tl.float32)
-        return tl.dot((r - mid).to(tl.bfloat16), hb, acc, out_dtype=tl.float32)
+        # all three pieces first: a and r die before the dots (a dot per piece computed on the
+        # way kept a live and spilled on sm_80 / sm_89)
+        p_hi = hi.to(tl.bfloat16)
+        p_mid = mid.to(tl.bfloat16)
+        p_lo = (r - mid).to(tl.bfloat16)
+        acc = tl.dot(p_hi, hb, out_dtype=tl.float32)
+        acc = tl.dot(p_mid, hb, acc, out_dtype=tl.float32)
+        return tl.dot(p_lo, hb, acc, out_dtype=tl.float32)
     elif a.dtype == tl.float32:
         return tl.dot(a, b, input_precision=DOT_PREC, out_dtype=tl.float32)
     else:
