@@ -16,6 +16,11 @@ with the ptxas/cuobjdump shipped in the triton wheel) or AMDGCN (AMD). From the 
     mma_per_elem, tc_flops_per_elem tensor-core instructions and their flops per element
     occupancy, limiter              resident warps / the SM's maximum, and what limits them
     pct_copy_bw_bound               the model's ceiling on % of copy bandwidth (below)
+    slow_calls_per_tile             NVIDIA: calls per tile of the division / square-root slow
+                                    path (a subroutine, taken for subnormal, huge or special
+                                    operands; the common case skips it, so it is not counted above)
+    instr_per_elem_worst,           the same with every slow-path call taken (each adds its
+    pct_copy_bw_bound_worst         subroutine's static length); AMD: equal, the slow path is inline
 
 The model. Per element, a kernel needs
     t_mem   = bytes moved / copy bandwidth               (a copy moving the same bytes)
@@ -33,6 +38,7 @@ Usage:
     python bench/aot.py --set ci                      # what tests/test_aot.py checks
     python bench/aot.py --set subbyte                 # every INT6/INT4 launch, 4 targets
     python bench/aot.py --targets sm_90 --json out.json --csv out.csv
+    python bench/aot.py --quick --targets sm_90 --only kernel=reduce_dense,dtype=fp32   # a few rows
     python bench/aot.py                               # the full table (long: ~3 s per compile)
 """
 from __future__ import annotations
@@ -64,6 +70,9 @@ KERNELS = ("compress", "decompress", "reduce", "reduce_dense")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Elements the model sizes a launch for (64 Mi: many waves of tiles on every target).
 NUMEL = 64 << 20
+#: The odd size of the unaligned rows (`--quick` has one per kernel): not a multiple of 16, so
+#: Triton's launch specialization knows nothing of its alignment, as for most direct calls.
+ODD_NUMEL = NUMEL - 1
 #: Ranks summed by the modelled reduce (the smallest TP degree, where its per-element
 #: instruction cost weighs most against the bytes it moves).
 RANKS = 2
@@ -116,12 +125,13 @@ class Variant:
     dtype: str  # input dtype (compress), output dtype (decompress, reduce_dense), "u8" (reduce)
     num_warps: int
     num_stages: int
+    numel: int = NUMEL
 
     def row(self) -> dict:
         c = self.config
         return {"kernel": self.kernel, "codec": c.codec, "group_size": c.group_size, "hadamard": c.hadamard,
                 "scales": c.scales, "rounding": c.rounding, "dtype": self.dtype,
-                "num_warps": self.num_warps, "num_stages": self.num_stages}
+                "num_warps": self.num_warps, "num_stages": self.num_stages, "numel": self.numel}
 
 
 def _kernel_dtypes(kernel: str) -> tuple:
@@ -152,10 +162,11 @@ def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype) -
 
 def variants(which: str) -> list[Variant]:
     """"ci": the default config, INT8 and INT6 at G=32 (each with every launch a run can pick); "quick": the
-    default config and its one-field neighbours; "subbyte": every INT6/INT4 config with dual scales
+    default config and its one-field neighbours, plus the default config at an odd size (ODD_NUMEL) per kernel;
+    "subbyte": every INT6/INT4 config with dual scales
     (all group sizes, Hadamard on and off, both roundings; bf16, and fp16/fp32 at G=32);
     "full": every combination."""
-    out = []
+    out, odd = [], []
     default = CompressionConfig()
     for kernel in KERNELS:
         dtype0 = "u8" if kernel == "reduce" else "bf16"
@@ -172,6 +183,8 @@ def variants(which: str) -> list[Variant]:
             dtypes = ["u8"] if kernel == "reduce" else ["bf16"]
             extra = [] if kernel == "reduce" else [(default, d) for d in ("fp16", "fp32")]
             pairs = [(c, d) for c in sorted(cfgs, key=str) for d in dtypes] + extra
+            p = launch_choices(kernel, default, DTYPES.get(dtype0, torch.uint8))[0]
+            odd.append(Variant(kernel, default, dtype0, p["num_warps"], p["num_stages"], ODD_NUMEL))
         elif which == "subbyte":
             roundings = ROUNDINGS if _uses_rounding(kernel) else ("nearest",)
             pairs = [(CompressionConfig(codec=c, group_size=g, hadamard=h, rounding=r), dtype0)
@@ -186,7 +199,7 @@ def variants(which: str) -> list[Variant]:
         for cfg, d in pairs:
             for p in launch_choices(kernel, cfg, DTYPES.get(d, torch.uint8)):
                 out.append(Variant(kernel, cfg, d, p["num_warps"], p["num_stages"]))
-    return out
+    return out + odd
 
 
 def build_launch(v: Variant, gpu: GPU):
@@ -195,26 +208,26 @@ def build_launch(v: Variant, gpu: GPU):
 
     target = Target(gpu.backend, gpu.arch, gpu.warp)
     params = {"num_warps": v.num_warps, "num_stages": v.num_stages}
-    cfg = v.config
+    cfg, numel = v.config, v.numel
     u8, f32 = P(torch.uint8), P(torch.float32)
     scale_b = u8 if cfg.scales == "dual" else f32
     if v.kernel == "compress":
         from taco_triton.kernels.compress import compress_launch
 
-        return compress_launch(P(DTYPES[v.dtype]), u8, f32, scale_b, NUMEL, cfg, target, params)
+        return compress_launch(P(DTYPES[v.dtype]), u8, f32, scale_b, numel, cfg, target, params)
     if v.kernel == "decompress":
         from taco_triton.kernels.decompress import decompress_launch
 
-        return decompress_launch(u8, f32, scale_b, P(DTYPES[v.dtype]), NUMEL, cfg, target, params)
+        return decompress_launch(u8, f32, scale_b, P(DTYPES[v.dtype]), numel, cfg, target, params)
     from taco_triton.kernels.reduce import reduce_launch
 
-    lay = WireLayout.of(NUMEL, cfg)
+    lay = WireLayout.of(numel, cfg)
     stride = lay.nbytes + (-lay.nbytes) % 16
     strides = (stride, stride // 4, stride if cfg.scales == "dual" else stride // 4)
     dense = v.kernel == "reduce_dense"
     out = P(DTYPES[v.dtype]) if dense else u8
     o = (out, out, out) if dense else (u8, f32, scale_b)
-    return reduce_launch(u8, f32, scale_b, strides, RANKS, *o, out, NUMEL, cfg, 1.0, dense, target, params)
+    return reduce_launch(u8, f32, scale_b, strides, RANKS, *o, out, numel, cfg, 1.0, dense, target, params)
 
 
 def compile_launch(launch, gpu: GPU):
@@ -232,6 +245,16 @@ def compile_launch(launch, gpu: GPU):
     bound, spec, opts = binder(*launch.args, **kw)
     options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
     return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=gt, options=options.__dict__)
+
+
+_TT_DOT = re.compile(r"= tt\.dot .*?(?:inputPrecision = (\w+).*?)?: tensor<(?:\d+x)+(\w+)>")
+
+
+def dot_precisions(ttir: str) -> list[tuple[str, str]]:
+    """(operand element type, input precision) of every `tt.dot` of a kernel's TTIR. Triton's
+    default for FP32 operands on NVIDIA is "tf32" (one pass: operands rounded to 10 mantissa
+    bits); the kernels split FP32 operands into three bf16 pieces there (`_common._dot`)."""
+    return [(m.group(2), m.group(1) or "ieee") for m in _TT_DOT.finditer(ttir)]
 
 
 # ------------------------------------------------------------------------------ binary analysis
@@ -316,7 +339,30 @@ def analyze_cuda(kernel, gpu: GPU) -> dict:
     mma = [(_mma_flops(instrs[i][1], "cuda"), w) for i, w in weighted]
     return {"regs": regs, "spill_bytes": stack + local, "smem_bytes": shared + kernel.metadata.shared * 0,
             "smem_dynamic": kernel.metadata.shared, "instr_per_tile": per_tile, "static_instr": len(instrs),
-            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops)}
+            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
+            **_slow_calls(instrs, weighted)}
+
+
+_CALL = re.compile(r"(?:^|\s)CALL\.REL(?:\.NOINC)?\s+(?:`\()?\.?[A-Za-z_$.0-9]*\)?\s*0x([0-9a-f]+)")
+
+
+def _slow_calls(instrs, weighted) -> dict:
+    """The slow paths the tile loop calls (CALL.REL to a subroutine after the kernel's EXIT: FP32
+    division and square root for subnormal, huge or special operands): call sites per tile and
+    the instructions per tile if every call is taken (`instr_per_tile_worst`), each callee's static
+    length (an upper bound of any path through it) added per call."""
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    calls, extra = 0, 0
+    for i, w in weighted:
+        m = _CALL.search(instrs[i][1])
+        if not m or int(m.group(1), 16) not in index:
+            continue
+        start = index[int(m.group(1), 16)]
+        end = next((j for j in range(start, len(instrs)) if instrs[j][1].split()[0].lstrip("@!P0123456789 ").startswith("RET")
+                    or re.search(r"(^|\s)RET", instrs[j][1])), len(instrs) - 1)
+        calls += w
+        extra += w * (end - start + 1)
+    return {"slow_calls_per_tile": calls, "slow_instr_per_tile": extra}
 
 
 def analyze_hip(kernel, gpu: GPU) -> dict:
@@ -352,9 +398,11 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
     loops = _loop_bodies(instrs, is_branch, target_of)
     per_tile, weighted = _per_tile_instructions(instrs, loops, RANKS)
     mma = [(_mma_flops(instrs[i][1], "hip"), w) for i, w in weighted]
+    # AMD's division and square root are inline sequences (no subroutine): already counted
     return {"regs": vgpr + agpr, "spill_bytes": scratch, "smem_bytes": lds, "smem_dynamic": kernel.metadata.shared,
             "instr_per_tile": per_tile, "static_instr": len(instrs),
-            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops)}
+            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
+            "slow_calls_per_tile": 0, "slow_instr_per_tile": 0}
 
 
 def occupancy(gpu: GPU, warps: int, regs: int, smem: int) -> tuple[float, str]:
@@ -374,7 +422,7 @@ def occupancy(gpu: GPU, warps: int, regs: int, smem: int) -> tuple[float, str]:
 
 
 def bytes_per_elem(v: Variant) -> float:
-    wire = WireLayout.of(NUMEL, v.config).nbytes / NUMEL
+    wire = WireLayout.of(v.numel, v.config).nbytes / v.numel
     if v.kernel == "reduce":
         return (RANKS + 1) * wire
     if v.kernel == "reduce_dense":
@@ -393,10 +441,14 @@ def model(v: Variant, gpu: GPU, a: dict) -> dict:
     t_tc = flops16 / (gpu.tc16_tflops * 1e12) + flops32 / (gpu.tf32_tflops * 1e12)
     occ, limiter = occupancy(gpu, v.num_warps, a["regs"], a["smem_bytes"] + a["smem_dynamic"])
     bound = 100.0 * t_mem / max(t_mem, t_issue, t_tc)
+    instr_worst = (a["instr_per_tile"] + a["slow_instr_per_tile"]) * v.num_warps / tile
+    t_worst = instr_worst / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
     return {"instr_per_elem": round(instr, 4), "mma_per_elem": round(n_mma, 5),
             "tc_flops_per_elem": round(flops16 + flops32, 1), "occupancy": round(occ, 3), "occupancy_limiter": limiter,
             "bytes_per_elem": round(bytes_per_elem(v), 4), "pct_copy_bw_bound": round(bound, 1),
-            "bound_by": "memory" if bound >= 99.95 else ("issue" if t_issue >= t_tc else "tensor cores")}
+            "bound_by": "memory" if bound >= 99.95 else ("issue" if t_issue >= t_tc else "tensor cores"),
+            "slow_calls_per_tile": a["slow_calls_per_tile"], "instr_per_elem_worst": round(instr_worst, 4),
+            "pct_copy_bw_bound_worst": round(100.0 * t_mem / max(t_mem, t_worst, t_tc), 1)}
 
 
 def evaluate(v: Variant, target: str) -> dict:
@@ -420,8 +472,24 @@ def _evaluate_star(args):
     return evaluate(*args)
 
 
-def run(which: str, targets: list[str], jobs: int) -> list[dict]:
-    work = [(v, t) for t in targets for v in variants(which)]
+def select(vs: list[Variant], only: str | None = None, numel: int | None = None) -> list[Variant]:
+    """The variants whose row matches every `field=value` of `only` (comma-separated; the value as
+    the table prints it, e.g. "kernel=reduce_dense,dtype=fp32,group_size=128"), resized to `numel`."""
+    import dataclasses
+
+    if only:
+        want = dict(kv.split("=", 1) for kv in only.split(","))
+        unknown = set(want) - set(Variant(KERNELS[0], CompressionConfig(), "bf16", 4, 2).row())
+        if unknown:
+            raise ValueError(f"--only names unknown fields {sorted(unknown)}")
+        vs = [v for v in vs if all(str(v.row()[k]) == val for k, val in want.items())]
+    if numel is not None:
+        vs = list(dict.fromkeys(dataclasses.replace(v, numel=numel) for v in vs))
+    return vs
+
+
+def run(which: str, targets: list[str], jobs: int, only: str | None = None, numel: int | None = None) -> list[dict]:
+    work = [(v, t) for t in targets for v in select(variants(which), only, numel)]
     if jobs <= 1:
         return [evaluate(v, t) for v, t in work]
     with concurrent.futures.ProcessPoolExecutor(jobs) as ex:
@@ -436,6 +504,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", dest="which", action="store_const", const="quick", help="same as --set quick")
     ap.add_argument("--targets", default=None,
                     help=f"comma-separated targets of {sorted(TARGETS)} (default: all for the full set, else {','.join(QUICK_TARGETS)})")
+    ap.add_argument("--only", default=None,
+                    help="keep the variants whose row matches every field=value given, comma-separated "
+                         "(e.g. kernel=reduce_dense,dtype=fp32,group_size=128)")
+    ap.add_argument("--numel", type=int, default=None, help=f"elements per launch (default {NUMEL}; odd rows {ODD_NUMEL})")
     ap.add_argument("--json", type=Path, help="write every row as a JSON list")
     ap.add_argument("--csv", type=Path, help="write every row as CSV (with machine, commit and date columns)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes in parallel")
@@ -450,7 +522,7 @@ def main(argv=None) -> int:
 
     # the commit being compiled, read before the (long) run: edits made meanwhile are not in it
     commit, started = meta.git_commit(), meta.utc_now()
-    rows = run(args.which, targets, args.jobs)
+    rows = run(args.which, targets, args.jobs, args.only, args.numel)
     df = pd.DataFrame(rows)
     df["triton"] = meta.triton_version()
     df["commit"] = commit
@@ -459,8 +531,8 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(json.loads(df.to_json(orient="records")), indent=1))
     if args.csv:
         df.to_csv(args.csv, index=False)
-    cols = ["kernel", "target", "codec", "group_size", "hadamard", "scales", "rounding", "dtype", "num_warps", "ok",
-            "regs", "spill_bytes", "instr_per_elem", "pct_copy_bw_bound", "bound_by"]
+    cols = ["kernel", "target", "codec", "group_size", "hadamard", "scales", "rounding", "dtype", "num_warps", "numel", "ok",
+            "regs", "spill_bytes", "instr_per_elem", "pct_copy_bw_bound", "bound_by", "pct_copy_bw_bound_worst"]
     with pd.option_context("display.width", 200, "display.max_rows", 400):
         print(df[[c for c in cols if c in df]].to_string(index=False))
     failed = df[~df["ok"]]

@@ -12,8 +12,8 @@ Transformed domain, element i of group g (scale sigma_g, super-block scale S):
   FP32 roundings inside sigma.
 - delta_i: FP32 error of the transform the compressor computed, gamma_G sum_j |x_j| / (2G) with
   gamma_n = n u_dot / (1 - n u_dot) (one dot of length G, or two Kronecker stages of 16 and G/16),
-  plus 2^-140 for products that land in FP32's subnormal range; TACO's pre-scale adds u per
-  element. Zero without Hadamard and pre-scale.
+  plus TINY (2^-140 for products that land in FP32's subnormal range; on GPUs 2^-135 more for
+  the bf16 split of FP32 operands, see U_DOT); TACO's pre-scale adds u per element. Zero without Hadamard and pre-scale.
 - sigma_g = 0 (all-zero group): the codes are 0 and the bound is |y_i| + delta_i.
 Scale quality: amax_g (1 - 4u) <= sigma_g code_max <= amax_g (1 + 2^-4)(1 + 4u) + code_max (S 2^-18 + 2^-149),
 amax_g widened by delta: E4M4 rounds up by at most one step (2^-4 relative, or 2^-18 S below its
@@ -33,9 +33,20 @@ from .compressed import Compressed
 from .layout import WireLayout
 
 U32 = 2.0**-24
-#: Unit roundoff of the transform's dot products: IEEE FP32 in the interpreter; on GPUs three
-#: TF32 passes drop only the low x low product (2^-22 relative), bounded here by 2^-21.
+#: Unit roundoff of the transform's dot products. Interpreter: IEEE FP32. GPUs: 16-bit operands
+#: (bf16/fp16 inputs, decoded codes) times the +-2^k table are exact products accumulated in FP32;
+#: FP32 operands are split into three bf16 pieces on NVIDIA (exact products, 3G FP32 additions:
+#: gamma_3G(2^-23) < gamma_G(2^-21) even for tensor cores that truncate) and use FP32 matrix
+#: instructions on AMD. 2^-21 bounds every case (it also covers three TF32 passes, 2^-22).
 U_DOT = {"interpreter": 2.0**-24, "gpu": 2.0**-21}
+#: Absolute error per transformed element besides the relative one: products in FP32's subnormal
+#: range (2^-140), and on GPUs the bf16 split's lowest piece, rounded where it falls below bf16's
+#: subnormal spacing (|x| < 2^-110: at most 2^-134 per input, G inputs times the table's 1/(2G)).
+TINY = {"interpreter": 2.0**-140, "gpu": 2.0**-140 + 2.0**-135}
+
+
+def _tiny(u_dot: float) -> float:
+    return TINY["interpreter"] if u_dot <= U_DOT["interpreter"] else TINY["gpu"]
 
 
 def _gamma(n: int, u: float) -> float:
@@ -88,7 +99,7 @@ def transformed_error_bound(x: torch.Tensor, c: Compressed, u_dot: float = U_DOT
     taco = cfg.scales == "taco_fp32x2"
     if cfg.hadamard:
         rowsum = groups.abs().sum(dim=1, keepdim=True) / (2 * g)
-        delta = (_gamma(g, u_dot) + (U32 if taco else 0.0)) * rowsum + 2.0**-140
+        delta = (_gamma(g, u_dot) + (U32 if taco else 0.0)) * rowsum + _tiny(u_dot)
     else:
         delta = (U32 if taco else 0.0) * y.abs()
     delta = delta.expand_as(y)
@@ -104,7 +115,7 @@ def scale_bounds(x: torch.Tensor, c: Compressed, u_dot: float = U_DOT["interpret
     cfg, spec = c.config, c.config.spec
     y, groups = exact_transform(x, c)
     if cfg.hadamard:
-        slack = _gamma(cfg.group_size, u_dot) * groups.abs().sum(dim=1) / (2 * cfg.group_size) + 2.0**-140
+        slack = _gamma(cfg.group_size, u_dot) * groups.abs().sum(dim=1) / (2 * cfg.group_size) + _tiny(u_dot)
     else:
         slack = torch.zeros(y.shape[0], dtype=torch.float64)
     if cfg.scales == "taco_fp32x2":

@@ -101,3 +101,38 @@ def test_amd_analysis_sees_a_loop_whose_label_carries_a_comment():
     assert a["loops"] == 1
     assert a["instr_per_tile"] == 6  # the loop body: load, add, store, counter, compare, branch
     assert a["static_instr"] == 9 and a["regs"] == 2
+
+
+_DOTS_SCRIPT = """
+import json, sys
+sys.path.insert(0, {root!r})
+from tests.helpers import load_script
+from taco_triton.config import CompressionConfig
+aot = load_script(__import__("pathlib").Path({root!r}) / "bench" / "aot.py", "taco_bench_aot")
+gpu = aot.TARGETS["sm_90"]
+v = aot.Variant("reduce_dense", CompressionConfig(), "fp32", 4, 2)
+print(json.dumps(aot.dot_precisions(aot.compile_launch(aot.build_launch(v, gpu), gpu).asm["ttir"])))
+"""
+
+
+def test_fp32_transform_operands_are_split_into_exact_bf16_pieces_on_hopper():
+    """The reduce to dense transforms FP32 sums. On NVIDIA a dot of FP32 operands without an
+    input precision is one TF32 pass (operands rounded to 10 mantissa bits, far outside
+    `bounds.U_DOT["gpu"]`); the kernels split them into three bf16 pieces instead (exact, see
+    `_common._dot`). Its sm_90 build (one compile) must hold three bf16 dots and no FP32 one."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _DOTS_SCRIPT.format(root=str(ROOT))], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dots = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [t for t, _ in dots] == ["bf16"] * 3, dots
+
+
+def test_dot_precision_parser_reads_default_and_explicit_precisions():
+    aot = _aot_module()
+    ttir = "\n".join([
+        "%y = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<64x128xf32> * tensor<128x128xf32> -> tensor<64x128xf32>",
+        "%z = tt.dot %a, %b, %c, inputPrecision = tf32x3 : tensor<64x128xf32> * tensor<128x128xf32> -> tensor<64x128xf32>",
+        "%w = tt.dot %a, %b, %c : tensor<64x128xbf16> * tensor<128x128xbf16> -> tensor<64x128xf32>",
+    ])
+    assert aot.dot_precisions(ttir) == [("f32", "tf32"), ("f32", "tf32x3"), ("bf16", "ieee")]

@@ -341,27 +341,83 @@ def load_table(h_ptr, N: tl.constexpr):
 
 
 @triton.jit
-def load_tables(h_ptr, h16_ptr, G: tl.constexpr):
-    """(h, h16): the transform's tables (see `hadamard_rows`), loaded once per program."""
-    return load_table(h_ptr, G if G <= 128 else G // 16), load_table(h16_ptr, 16)
+def _dot_table(t, DOT_PREC: tl.constexpr):
+    """A table as `_dot` consumes it: FP32 tables (signed powers of two, exact in bf16) become
+    bf16 where FP32 operands are split into bf16 pieces (DOT_PREC "tf32x3", NVIDIA)."""
+    if DOT_PREC == "tf32x3" and t.dtype == tl.float32:
+        return t.to(tl.bfloat16)
+    else:
+        return t
+
+
+@triton.jit
+def load_tables(h_ptr, h16_ptr, G: tl.constexpr, DOT_PREC: tl.constexpr = "ieee"):
+    """(h, h16): the transform's tables (see `hadamard_rows`), loaded once per program. Converted
+    here, outside the tile loop, so the bf16 copy `_dot` needs is built once (converted inside
+    the loop, sm_90 kept it in registers and spilled)."""
+    return (_dot_table(load_table(h_ptr, G if G <= 128 else G // 16), DOT_PREC),
+            _dot_table(load_table(h16_ptr, 16), DOT_PREC))
+
+
+@triton.jit
+def _dot(a, b, DOT_PREC: tl.constexpr):
+    """a @ b accumulated in FP32, b a table of signed powers of two (exact in bf16).
+
+    16-bit a: one dot, exact products. FP32 a on NVIDIA (DOT_PREC "tf32x3"; Triton's default there
+    would be one TF32 pass, rounding a to 10 mantissa bits): a is split into three bf16 pieces,
+    hi = a with its low 16 bits cleared, mid = the same of a - hi, lo = a - hi - mid, each a bf16
+    exactly and summing to a (8 + 8 + 8 significand bits; lo is rounded where it falls below
+    bf16's subnormal spacing 2^-133, i.e. for |a| < 2^-110), and three bf16 dots
+    accumulate hi, mid, lo against b in FP32: exact products, only the FP32 accumulation rounds.
+    Non-finite a: a NaN gives NaN as an FP32 dot does; a row with an Inf gives NaN rather than
+    +-Inf (compress codes such a group the same either way; the reduce to dense gets one only
+    when the FP32 sum of the ranks overflowed, and then writes NaN for the group).
+    It is cheaper than Triton's tf32x3 (three bf16 passes instead of three TF32 passes, and no
+    FP32 copies of the pieces), which spilled on sm_80 and sm_90. FP32 a elsewhere: DOT_PREC
+    ("ieee": AMD's FP32 matrix instructions, the interpreter).
+    """
+    if a.dtype == tl.float32 and DOT_PREC == "tf32x3":
+        hb = b.to(tl.bfloat16)
+        hi = (a.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        # exact. NaN for +-Inf / NaN a: a row holding an Inf comes out NaN, where an FP32 dot gives
+        # +-Inf (zeroing the NaN costs a select per element: 100% -> 95.6% for INT6 G=32 on sm_90)
+        r = a - hi
+        mid = (r.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        # all three pieces first: a and r die before the dots (a dot per piece computed on the
+        # way kept a live and spilled on sm_80 / sm_89)
+        p_hi = hi.to(tl.bfloat16)
+        p_mid = mid.to(tl.bfloat16)
+        p_lo = (r - mid).to(tl.bfloat16)
+        acc = tl.dot(p_hi, hb, out_dtype=tl.float32)
+        acc = tl.dot(p_mid, hb, acc, out_dtype=tl.float32)
+        return tl.dot(p_lo, hb, acc, out_dtype=tl.float32)
+    elif a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision=DOT_PREC, out_dtype=tl.float32)
+    else:
+        return tl.dot(a, b, out_dtype=tl.float32)
 
 
 @triton.jit
 def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr):
     """x @ T for each of the ROWS rows of x, T the launcher's [G, G] table (scaled +-1 matrix).
 
-    G <= 128: one dot with the table h, in the operands' own dtype (16-bit operands times a
-    power of two are exact products, accumulated in FP32). G = 256, 512: T = h (x) h16
-    (Kronecker, h of size G/16 carrying the scale), two dots with a transpose between, so no
-    operand exceeds 32x32; the second stage's operands are FP32 sums (DOT_PREC).
+    G <= 128: one dot with the table h. G = 256, 512: T = h (x) h16 (Kronecker, h of size G/16
+    carrying the scale), two dots with a transpose between, so no operand exceeds 32x32; the
+    second stage's operands are FP32 sums.
+
+    Precision: 16-bit operands (bf16/fp16 inputs, decoded codes) times a power of two are exact
+    products, accumulated in FP32. Every dot with FP32 operands (FP32 or pre-scaled inputs of
+    compress, the summed ranks of the reduce to dense, the second stage of G = 256/512) runs at
+    DOT_PREC: three TF32 passes on NVIDIA ("tf32x3": only the low x low product is dropped, a
+    relative 2^-22 per product, `bounds.U_DOT["gpu"]`), IEEE FP32 on AMD and in the interpreter.
     """
     if G <= 128:
-        y = tl.dot(x, h, out_dtype=tl.float32)
+        y = _dot(x, h, DOT_PREC)
     else:
         A: tl.constexpr = G // 16
-        y = tl.dot(tl.reshape(x, [ROWS * A, 16]), h16, out_dtype=tl.float32)
+        y = _dot(tl.reshape(x, [ROWS * A, 16]), h16, DOT_PREC)
         y = tl.reshape(tl.trans(tl.reshape(y, [ROWS, A, 16]), 0, 2, 1), [ROWS * 16, A])
-        y = tl.dot(y, h, input_precision=DOT_PREC, out_dtype=tl.float32)
+        y = _dot(y, h, DOT_PREC)
         y = tl.reshape(tl.trans(tl.reshape(y, [ROWS, 16, A]), 0, 2, 1), [ROWS, G])
     return y
 

@@ -81,8 +81,9 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
     HW: compiled for a GPU (hardware INT8 rounding and bf16 casts; the interpreter's are not
     round-to-nearest-even). FP8_HW: hardware FP8 conversions. OP16: the transform's operands stay
     in the input's 16-bit dtype (exact on tensor cores; the interpreter's bf16 dot is not, so it
-    computes in FP32 there). DOT_PREC: FP32 operands on NVIDIA GPUs use three TF32 passes; AMD's
-    matrix cores have FP32 instructions ("ieee"), as has the interpreter.
+    computes in FP32 there). DOT_PREC: how dots with FP32 operands run. "tf32x3" (NVIDIA, whose
+    default for them is one TF32 pass): `_common._dot` splits them into three exact bf16 pieces;
+    AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter.
     """
     return {
         "HW": target.compiled,

@@ -4,7 +4,8 @@ A persistent grid: each program loads the Hadamard table once, then loops over t
 super-blocks (8192 elements). A tile is held in registers, so a super-block's FP32 scale is known
 before any code is written and the input is read exactly once. The transform is one tensor-core
 dot per tile against the launcher's table H/(2G), exact in the input's own 16-bit dtype (products
-with a power of two are exact; they accumulate in FP32). The tail is masked (loads return 0 past
+with a power of two are exact; they accumulate in FP32); FP32 and pre-scaled inputs are split
+into three bf16 pieces on NVIDIA (exact products) and use FP32 matrix instructions on AMD. The tail is masked (loads return 0 past
 numel), never padded in memory. Reference: `taco_triton.reference.compress_reference`.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _compress_kernel(
 ):
     ROWS: tl.constexpr = SBT * GPS
     if HADAMARD:
-        h, h16 = load_tables(h_ptr, h16_ptr, G)
+        h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
         x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0)

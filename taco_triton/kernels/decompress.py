@@ -2,7 +2,8 @@
 
 A persistent grid over tiles of two super-blocks, as compress. The +-1 transform runs on the
 decoded codes (exact in fp16 for every codec, so one fp16 tensor-core pass is exact up to FP32
-accumulation) and the group scale is applied after it (one multiply per element). Outputs are
+accumulation; at G = 256/512 the second stage's FP32 sums are split into three exact bf16
+pieces on NVIDIA, FP32 on AMD) and the group scale is applied after it (one multiply per element). Outputs are
 clamped to the output dtype's finite range, so quantization error at the dtype's maximum never
 produces Inf; NaN groups stay NaN. Reference: `taco_triton.reference.decompress_reference`.
 """
@@ -31,7 +32,7 @@ def _decompress_kernel(
 ):
     ROWS: tl.constexpr = SBT * GPS
     if HADAMARD:
-        h, h16 = load_tables(h_ptr, h16_ptr, G)
+        h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
         codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)

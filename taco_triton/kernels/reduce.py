@@ -3,7 +3,8 @@
 After the all-to-all each rank holds P wire buffers of the same chunk. This kernel reads them,
 sums in the transformed domain (the Hadamard is linear: no inverse/forward transform between sum
 and requantization) and writes either the compressed sum (all_reduce: it is all-gathered next) or
-the decompressed sum (reduce_scatter). A persistent grid over tiles of two super-blocks, as
+the decompressed sum (reduce_scatter), whose inverse transform takes the FP32 sums as three exact
+bf16 pieces on NVIDIA (exact products, FP32 accumulation) and FP32 on AMD. A persistent grid over tiles of two super-blocks, as
 compress. TACO's released code has no fused version of this step.
 Reference: `taco_triton.reference.reduce_reference`.
 """
@@ -36,7 +37,7 @@ def _reduce_kernel(
 ):
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
-        h, h16 = load_tables(h_ptr, h16_ptr, G)
+        h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
         acc = tl.zeros([ROWS, G], dtype=tl.float32)
