@@ -451,6 +451,19 @@ def _settle(entries, block: bool) -> None:
         raise err
 
 
+def _watch(owner, device: torch.device):
+    """Register work whose error record `owner.errors` is read once the work is done; on CPU
+    (the interpreter ran it already) it is read at once."""
+    event = None
+    if device.type == "cuda":
+        event = torch.cuda.Event()
+        event.record()
+    entry = (owner, event)
+    _unchecked.append(entry)
+    if event is None:
+        _settle([entry], block=False)
+
+
 def check_errors() -> None:
     """Raise ValueError if a compressed collective found a tag mismatch (ranks that issued
     different collectives) in work that has not been reported yet.
@@ -563,7 +576,12 @@ def all_reduce(
         backend: codec backend, as in `taco_triton.compress`.
         check: exchange an 8-byte fingerprint of (kind, sizes, dtype, op, path, config, slices,
             backend) first and raise ValueError on every rank, naming each rank's values, if
-            they differ. None: on unless env TACO_TRITON_CHECK_COLLECTIVES=0.
+            they differ. True: on the first call of each (group, signature), then cached (the
+            exchange reads its result on the host); "always": on every call (debugging);
+            False: never. None: as env TACO_TRITON_CHECK_COLLECTIVES says (default: True).
+            Every slot also carries a 4-byte tag of the call checked by the receiving kernel: a
+            mismatch makes the outputs it fed NaN and raises ValueError without a host
+            synchronization (see `check_errors`).
 
     Every rank ends with bitwise-identical values. Groups that held NaN/Inf on any rank are NaN;
     a sum that overflows the dtype is +-inf (see `overflow_threshold`). Autograd does not see the
