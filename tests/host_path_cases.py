@@ -52,6 +52,7 @@ def audit_gloo(rank: int, world: int) -> dict:
             for pipeline in (1, 2):
                 out[f"{kind}-{'async' if async_op else 'sync'}-pipe{pipeline}"] = steady_state(
                     issue(kind, world, pipeline, async_op))
+    out["p2p"] = p2p_steady_state(rank)
     out["check_always"] = steady_state(issue("all_reduce", world, 1, False, check="always"))
     out["mismatch"] = tag_mismatch(rank)
     dist.barrier()
@@ -85,3 +86,19 @@ def audit_fake(world: int) -> dict:
                 for kind in KINDS for pipe in (1, 2)}
     finally:
         dist.destroy_process_group()
+
+
+def p2p_steady_state(rank: int) -> dict:
+    """Rank 0 sends, rank 1 receives: counts of a message after the first (which shakes hands)."""
+    from taco_triton.collectives import p2p
+
+    cfg = taco.CompressionConfig()
+    x = torch.ones(PER_RANK, dtype=torch.bfloat16)
+
+    def one():
+        if rank == 0:
+            p2p.isend(x, 1, config=cfg, min_bytes=0, backend="triton").wait()
+        else:
+            p2p.irecv(x, 0, config=cfg, min_bytes=0, backend="triton").wait()
+
+    return steady_state(one)

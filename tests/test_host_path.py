@@ -41,6 +41,11 @@ def test_steady_state_has_no_host_reads_and_no_other_device_ops_on_gloo(gloo, ki
             assert seen["kernels"] == PER_SLICE[kind] * pipeline, (name, seen)
 
 
+def test_p2p_steady_state_has_no_host_reads_and_one_launch_per_side(gloo):
+    for report in gloo:
+        assert report["p2p"] == {"reads": {}, "ops": {}, "kernels": 1}, report["p2p"]
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_tag_mismatch_is_found_on_the_device_and_raises_on_both_ranks(gloo, mode):
     for report in gloo:
