@@ -9,6 +9,9 @@
 |                            | checks every rank called the same collective: `1` (default) on |
 |                            | the first call of each (group, signature), then cached; `always`|
 |                            | on every call (debugging: a host sync per call); `0` never     |
+| TACO_TRITON_COMPRESS_SINGLE_RANK=1 | testing only: a group of one rank runs the compressed |
+|                            | path (codec, tags, its own collectives) instead of returning   |
+|                            | at once, so one GPU can test it (CUDA graphs); off by default  |
 | TACO_AUTOTUNE=cached       | launch parameters of the kernels (`autotune` package):         |
 |                            | `cached` (default) reads the shipped per-GPU files and the     |
 |                            | user's cache; `online` also times every config on a miss and   |
@@ -54,6 +57,12 @@ def autotune_cache_path() -> str:
         return os.path.expanduser(path)
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "taco_triton", "autotune.json")
+
+
+def compress_single_rank() -> bool:
+    """TACO_TRITON_COMPRESS_SINGLE_RANK=1: collectives on a group of one rank take the compressed
+    path (for tests on one GPU; a real group of one needs no communication, so it is off)."""
+    return os.environ.get("TACO_TRITON_COMPRESS_SINGLE_RANK", "0") == "1"
 
 
 CHECK_MODES = ("first", "always", "never")

@@ -8,10 +8,37 @@ decompresses all of them - its own too, so every rank ends with bitwise-identica
 reduce_scatter is the first half (the fused kernel writes the dense sum); all_gather compresses
 the local shard once.
 
+Launches: on the Triton path a pipeline slice costs one launch per stage whatever P is. One
+compress launch writes all P chunks into their 16-byte-aligned slots of the send buffer, each
+with its tag and zero padding; one fused reduce; one decompress launch for all P received
+slots: 3 per slice for all_reduce, 2 for reduce_scatter and all_gather. What a call needs besides
+the data (slice geometry, tags, the slots' descriptor tables on the device, launch parameters,
+grids, constexprs) is a `_Plan` built by the first call of a (group, signature, device) and
+reused.
+
+No host synchronization in the steady state: the receiving kernels check every slot's tag on
+the device; a mismatch makes the outputs it fed NaN and fills a small host-visible error record
+(pinned host memory on CUDA), which the host reads once the work is complete, without waiting
+for it (`_settle`, `check_errors`). The rank-agreement exchange (a fingerprint all_gather whose
+result the host reads) runs on the first call of each (group, signature) and is cached;
+check="always" runs it on every call. Limitation of the cache: a rank that changes its signature
+alone after the first call is caught by the tags if the message sizes still match; if they do not,
+the process group sees mismatched collectives (use check="always" while debugging).
+
 Overlap: the message is cut into `pipeline` slices; slice k+1 is compressed while slice k is on
 the wire (async process-group work; on GPUs NCCL runs on its own stream). Collectives are issued
 in the same order on every rank, driven from the calling thread, so concurrent collectives on a
 group can never interleave differently across ranks.
+
+Streams, decided: the codec runs on the caller's current stream, not on a side stream. NCCL
+already moves slice k on its own stream while the current stream compresses slice k+1 and
+reduces slice k-1 (c10d orders the two with events), so that overlap exists without a side
+stream. By the compile-time model (bench/aot.py) the codec runs at memory speed: a 16 MiB bf16
+compress is a few microseconds of H200 time against tens of microseconds for NVLink to move the
+slice, so a side stream could hide at most those few microseconds of compute-stream time, while
+costing a cross-stream event pair per slice (host time of the order of the kernels themselves),
+`record_stream` bookkeeping for every buffer, and outputs no longer ready in the caller's stream
+order, which CUDA graph capture and torch's stream semantics rely on.
 """
 from __future__ import annotations
 
@@ -25,7 +52,7 @@ import torch.distributed as dist
 
 from .. import ops
 from ..config import INPUT_DTYPES, SUPERBLOCK_ELEMS, CompressionConfig
-from ..env import check_mode
+from ..env import check_mode, compress_single_rank
 from ..kernels import slots
 from ..kernels._launch import Prepared, launch_params, target_of
 from ..layout import WireLayout
@@ -326,7 +353,8 @@ class _Plan:
             launch = compress_slots_launch(flat, send, self.desc[k, 0], len(sl.piece), slots.total_tiles(sl.lays),
                                            self.config, target_of(flat.device),
                                            launch_params("compress", flat.device, flat.dtype, self.config,
-                                                         max(lay.numel for lay in sl.lays)), flat.device)
+                                                         max(lay.numel for lay in sl.lays)), flat.device,
+                                           elem_align=slots.elem_align(sl.piece))
             prep = self._prepared["compress", k] = Prepared(launch, (0, 1, 6))
         prep(flat, send, seed)
         return send
@@ -395,11 +423,16 @@ class _Plan:
             from ..kernels.decompress import decompress_slots_launch
 
             lays = sl.lays * p if self.kind == "all_gather" else sl.lays
+            if self.kind == "all_gather":
+                m, ((a, b),) = self.chunk_numel, sl.piece
+                pieces = [(j * m + a, j * m + b) for j in range(p)]
+            else:
+                pieces = sl.piece
             launch = decompress_slots_launch(gathered, out_flat, self.desc[k, 1], self.errors.tensor, p,
                                              slots.total_tiles(lays), self.config, target_of(gathered.device),
                                              launch_params("decompress", gathered.device, out_flat.dtype, self.config,
                                                            max(lay.numel for lay in lays)),
-                                             gathered.device, inf_above)
+                                             gathered.device, inf_above, elem_align=slots.elem_align(pieces))
             prep = self._prepared["decompress", k] = Prepared(launch, (0, 1, 9, 10))
         prep(gathered, out_flat, k, call.seq)
 
@@ -427,16 +460,43 @@ def _plan(call: _Call, chunks, device: torch.device, chunk_numel: int = 0) -> _P
     return plan
 
 
-# Calls on the Triton path whose tag checks have not been read yet: (plan, CUDA event or None).
+# Calls on the Triton path whose tag checks have not been read yet: (plan, CUDA event or None,
+# or _IN_GRAPH for work captured in a CUDA graph, which every replay runs again).
 _unchecked: list = []
+_IN_GRAPH = "captured in a CUDA graph"
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _completion(device: torch.device):
+    """What tells the host the work queued so far on `device` is done: None on CPU (done at once),
+    a recorded CUDA event, or _IN_GRAPH while a CUDA graph is being captured."""
+    if device.type != "cuda":
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return _IN_GRAPH
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def _settle(entries, block: bool) -> None:
     """Read the error records of those `entries` whose work is complete (all of them with
     `block`, waiting for each) and drop them; raise the first recorded tag mismatch."""
     err = None
+    if _capturing():  # no event query while a CUDA graph is captured; check_errors() reads later
+        return
     for entry in entries:
         plan, event = entry
+        if event is _IN_GRAPH:  # written by graph replays: read by check_errors() after a device sync
+            if block:
+                torch.cuda.synchronize()
+                record = plan.errors.take()
+                if record is not None and err is None:
+                    err = plan.error(record)
+            continue
         if event is not None:
             if block:
                 event.synchronize()
@@ -454,13 +514,10 @@ def _settle(entries, block: bool) -> None:
 def _watch(owner, device: torch.device):
     """Register work whose error record `owner.errors` is read once the work is done; on CPU
     (the interpreter ran it already) it is read at once."""
-    event = None
-    if device.type == "cuda":
-        event = torch.cuda.Event()
-        event.record()
-    entry = (owner, event)
-    _unchecked.append(entry)
-    if event is None:
+    entry = (owner, _completion(device))
+    if entry not in _unchecked:
+        _unchecked.append(entry)
+    if entry[1] is None:
         _settle([entry], block=False)
 
 
@@ -482,15 +539,13 @@ def check_errors() -> None:
 
 def _finish_call(plan: _Plan | None, device: torch.device, async_op: bool):
     """What follows the issue of a compressed call: the handle (or None) and the error checks."""
-    event = None
-    if device.type == "cuda":
-        event = torch.cuda.Event()
-        event.record()
+    event = _completion(device)
     if plan is None or plan.backend != "triton":
         entry = None
     else:
         entry = (plan, event)
-        _unchecked.append(entry)
+        if entry not in _unchecked:  # one graph entry per plan, however often it is captured
+            _unchecked.append(entry)
     if not async_op:
         _settle(list(_unchecked), block=False)
         return None
@@ -498,7 +553,7 @@ def _finish_call(plan: _Plan | None, device: torch.device, async_op: bool):
         _settle([e for e in _unchecked if e is not entry], block=False)
 
     def finish():
-        if event is not None:
+        if event is not None and event is not _IN_GRAPH:
             torch.cuda.current_stream().wait_event(event)
         if entry is not None:
             _settle([entry], block=False)
@@ -591,7 +646,7 @@ def all_reduce(
         return None
     tensor = tensor.detach() if isinstance(tensor, torch.Tensor) else tensor  # invisible to autograd, as native
     call = _Call("all_reduce", [tensor], group, config, op, min_bytes, pipeline, check, backend)
-    if not call.compress or call.p == 1:
+    if not call.compress or (call.p == 1 and not compress_single_rank()):
         red, divide = _native_op(op, group)
         return _native(lambda t, a: _pg.all_reduce(t, red, group, a), tensor, call.p if divide else None, async_op)
     plan = _all_reduce_compressed(call, tensor)
@@ -647,7 +702,7 @@ def reduce_scatter(
     p = dist.get_world_size(group)
     _check_pair("reduce_scatter", "input", input, output, p)
     call = _Call("reduce_scatter", [output, input], group, config, op, min_bytes, pipeline, check, backend)
-    if not call.compress or p == 1:
+    if not call.compress or (p == 1 and not compress_single_rank()):
         red, divide = _native_op(op, group)
         return _native(lambda t, a: _pg.reduce_scatter(t, input.contiguous(), red, group, a),
                        output, p if divide else None, async_op)
@@ -712,7 +767,7 @@ def all_gather(
     p = dist.get_world_size(group)
     _check_pair("all_gather", "output", output, input, p)
     call = _Call("all_gather", [output, input], group, config, "sum", min_bytes, pipeline, check, backend)
-    if not call.compress or p == 1:
+    if not call.compress or (p == 1 and not compress_single_rank()):
         return _native(lambda t, a: _pg.all_gather(t, input.contiguous(), group, a), output, None, async_op)
     plan = _all_gather_compressed(call, output, input)
     return _finish_call(plan, output.device, async_op)

@@ -89,12 +89,14 @@ class _Message:
                 list(self.tag.to_bytes(4, "little")), dtype=torch.uint8, device=flat.device)
             return wire
         if self._encode is None:
+            from ..kernels import slots
             from ..kernels._launch import Prepared, launch_params, target_of
             from ..kernels.compress import compress_slots_launch
 
             self._encode = Prepared(compress_slots_launch(
                 flat, wire, self.desc, 1, self.tiles, self.config, target_of(flat.device),
-                launch_params("compress", flat.device, flat.dtype, self.config, flat.numel()), flat.device), (0, 1, 6))
+                launch_params("compress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
+                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 6))
         self._encode(flat, wire, seed)
         return wire
 
@@ -108,13 +110,14 @@ class _Message:
                 ops.decompress_into(wire[: self.layout.nbytes], flat, self.config, self.backend)
             return
         if self._decode is None:
+            from ..kernels import slots
             from ..kernels._launch import Prepared, launch_params, target_of
             from ..kernels.decompress import decompress_slots_launch
 
             self._decode = Prepared(decompress_slots_launch(
                 wire, flat, self.desc, self.errors.tensor, 1, self.tiles, self.config, target_of(flat.device),
-                launch_params("decompress", flat.device, flat.dtype, self.config, flat.numel()), flat.device),
-                (0, 1, 9, 10))
+                launch_params("decompress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
+                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 9, 10))
         self._decode(wire, flat, 0, 0)
         _compressed._watch(self, flat.device)
 

@@ -78,6 +78,7 @@ def _compress_slots_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr,
+    ELEM_ALIGN: tl.constexpr = 1,
 ):
     """Compress n_chunks pieces of x, each into its slot of one wire buffer, and write each slot's
     tag and zero padding: the whole send buffer of a collective's pipeline slice in one launch.
@@ -85,7 +86,8 @@ def _compress_slots_kernel(
     desc_ptr: the slots' descriptor rows (`slots.py`). Tiles are dealt to programs across chunks
     (a chunk's tiles start where the previous chunk's ended), so small chunks do not all land on
     the first programs. Chunk j's stochastic seed is `slots.salt(seed, j)` (the caller salts
-    `seed` with the rank, call and slice).
+    `seed` with the rank, call and slice). ELEM_ALIGN: every piece starts at, and holds, a
+    multiple of this many elements (the launcher checks), so loads keep their vector width.
     """
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
@@ -95,18 +97,27 @@ def _compress_slots_kernel(
     for j in range(n_chunks):
         d = desc_ptr + j * DESC
         elem_off = tl.load(d + ELEM_OFF)
-        slot = out_ptr + tl.load(d + SLOT_OFF)
+        if ELEM_ALIGN > 1:
+            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
+        slot_off = tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
+        slot = out_ptr + slot_off
         n_tiles = tl.load(d + N_TILES)
-        a_ptr = slot + tl.load(d + A_OFF)
+        numel = tl.load(d + NUMEL)
+        if ELEM_ALIGN > 1:  # the masks of whole vectors are uniform: loads and stores stay vectors
+            numel = tl.multiple_of(numel, ELEM_ALIGN)
+        n_groups = tl.load(d + N_GROUPS)
+        n_sb = tl.load(d + N_SB)
+        a_ptr = (slot + tl.multiple_of(tl.load(d + A_OFF), 4)).to(tl.pointer_type(tl.float32))
         b_ptr = slot + tl.load(d + B_OFF)
-        a_ptr = a_ptr.to(tl.pointer_type(tl.float32))
         if not DUAL:
-            b_ptr = b_ptr.to(tl.pointer_type(tl.float32))
-        chunk_seed = salt_in_kernel(seed, j) if ROUND == STOCHASTIC else seed
+            b_ptr = (slot + tl.multiple_of(tl.load(d + B_OFF), 4)).to(tl.pointer_type(tl.float32))
+        chunk_seed = seed
+        if ROUND == STOCHASTIC:
+            chunk_seed = salt_in_kernel(seed, j)
         first = (pid + nprog - tl.load(d + TILE_BASE) % nprog) % nprog
+        x_chunk = x_ptr + elem_off
         for tile in range(first, n_tiles, nprog):
-            _compress_tile(x_ptr + elem_off, slot, a_ptr, b_ptr, h, h16, tile, tl.load(d + NUMEL),
-                           tl.load(d + N_GROUPS), tl.load(d + N_SB), chunk_seed,
+            _compress_tile(x_chunk, slot, a_ptr, b_ptr, h, h16, tile, numel, n_groups, n_sb, chunk_seed,
                            G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
                            OP16, DOT_PREC)
         if pid == j % nprog:
@@ -140,12 +151,15 @@ def compress_launch(x, codes, a, b, numel: int, config: CompressionConfig, targe
 
 
 def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: CompressionConfig, target: Target,
-                          params: dict, device: torch.device | None = None, seed: int | None = None) -> Launch:
+                          params: dict, device: torch.device | None = None, seed: int | None = None,
+                          elem_align: int = 1) -> Launch:
     """The launch that compresses `n_slots` pieces of x into their slots of `out` (uint8 wire
     buffer, slots 16-byte aligned), tags and padding included; `desc` the slots' descriptor table
     (`slots.descriptors`), `n_tiles` their tiles in all, `seed` the salted seed (default: the
-    config's)."""
+    config's), `elem_align` a number of elements every piece's first element and size are
+    multiples of (16 keeps vector loads; 1 assumes nothing)."""
     meta = _meta(x.dtype, config, target, params, out.data_ptr())
+    meta["ELEM_ALIGN"] = elem_align
     h, h16 = _tables(x.dtype, config, meta, device)
     return Launch(_compress_slots_kernel, n_tiles,
                   (x, out, desc, h, h16, n_slots, config.seed if seed is None else seed), meta, device)

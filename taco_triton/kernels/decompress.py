@@ -73,6 +73,7 @@ def _decompress_slots_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
+    ELEM_ALIGN: tl.constexpr = 1,
 ):
     """Decompress n_chunks slots of one received buffer into their pieces of out, in one launch.
 
@@ -87,22 +88,30 @@ def _decompress_slots_kernel(
     nprog = tl.num_programs(0)
     for j in range(n_chunks):
         d = desc_ptr + j * DESC
-        slot = data_ptr + tl.load(d + SLOT_OFF)
+        slot = data_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
         got = read_tag(slot, tl.load(d + NBYTES))
         want = tl.load(d + TAG)
         bad = got != want
         if bad & (pid == 0):
             record_error(err_ptr, k, tl.load(d + SRC), got, want, seq)
-        a_ptr = (slot + tl.load(d + A_OFF)).to(tl.pointer_type(tl.float32))
+        a_ptr = (slot + tl.multiple_of(tl.load(d + A_OFF), 4)).to(tl.pointer_type(tl.float32))
         b_ptr = slot + tl.load(d + B_OFF)
         if not DUAL:
-            b_ptr = b_ptr.to(tl.pointer_type(tl.float32))
+            b_ptr = (slot + tl.multiple_of(tl.load(d + B_OFF), 4)).to(tl.pointer_type(tl.float32))
+        elem_off = tl.load(d + ELEM_OFF)
+        if ELEM_ALIGN > 1:
+            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
+        out_chunk = out_ptr + elem_off
+        numel = tl.load(d + NUMEL)
+        if ELEM_ALIGN > 1:  # the masks of whole vectors are uniform: loads and stores stay vectors
+            numel = tl.multiple_of(numel, ELEM_ALIGN)
+        n_groups = tl.load(d + N_GROUPS)
+        n_sb = tl.load(d + N_SB)
         n_tiles = tl.load(d + N_TILES)
         first = (pid + nprog - tl.load(d + TILE_BASE) % nprog) % nprog
         for tile in range(first, n_tiles, nprog):
-            _decompress_tile(slot, a_ptr, b_ptr, out_ptr + tl.load(d + ELEM_OFF), h, h16, tile, tl.load(d + NUMEL),
-                             tl.load(d + N_GROUPS), tl.load(d + N_SB), out_max, inf_above, bad,
-                             G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
+            _decompress_tile(slot, a_ptr, b_ptr, out_chunk, h, h16, tile, numel, n_groups, n_sb, out_max, inf_above,
+                             bad, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
                              OVERFLOW, True)
 
 
@@ -136,12 +145,14 @@ def decompress_launch(codes, a, b, out, numel: int, config: CompressionConfig, t
 
 def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int, config: CompressionConfig,
                             target: Target, params: dict, device: torch.device | None = None,
-                            inf_above: float = math.inf) -> Launch:
+                            inf_above: float = math.inf, elem_align: int = 1) -> Launch:
     """The launch that checks the tags of `n_slots` slots of `data` and decompresses each into its
     piece of `out` (flat, contiguous); `desc` the slots' descriptor table, `errors` the
     `slots.ErrorRecord` tensor. Runtime arguments k (slice) and seq (call) follow the constant ones:
-    `Launch.args` holds them as 0; `Prepared` passes them per call."""
+    `Launch.args` holds them as 0; `Prepared` passes them per call. `elem_align`: as in
+    `compress.compress_slots_launch`, for the pieces of `out`."""
     meta = _meta(out.dtype, config, target, params, data.data_ptr(), inf_above)
+    meta["ELEM_ALIGN"] = elem_align
     h, h16 = _tables(config, meta, device)
     return Launch(_decompress_slots_kernel, n_tiles,
                   (data, out, desc, errors, h, h16, n_slots, torch.finfo(out.dtype).max, inf_above, 0, 0), meta, device)

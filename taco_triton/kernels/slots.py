@@ -108,6 +108,12 @@ def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list
     return rows
 
 
+def elem_align(pieces) -> int:
+    """16 when every piece [a, b) starts at and holds a multiple of 16 elements (the batched
+    kernels then keep 16-element vector loads and stores), else 1."""
+    return 16 if all(a % 16 == 0 and (b - a) % 16 == 0 for a, b in pieces) else 1
+
+
 def total_tiles(layouts: list[WireLayout]) -> int:
     return sum(-(-lay.n_superblocks // SB_PER_TILE) for lay in layouts)
 
