@@ -66,3 +66,21 @@ def test_check_always_keeps_the_per_call_exchange_and_the_audit_sees_its_read(gl
     """Control: check="always" exchanges fingerprints on every call, one host read each."""
     for report in gloo:
         assert report["check_always"]["reads"] == {"__bool__": 1}, report["check_always"]
+
+
+def test_host_overhead_bench_core_on_tiny_settings(monkeypatch):
+    """bench/host_overhead.py's table: every row counted, no host reads, 3/2/2 launches per slice
+    (without the test suite's poisoned allocations, whose fill is a device op of its own)."""
+    monkeypatch.delenv("TACO_TRITON_POISON_ALLOC", raising=False)
+    from pathlib import Path
+
+    from .helpers import load_script
+
+    bench = load_script(Path(__file__).resolve().parents[1] / "bench" / "host_overhead.py")
+    df = bench.measure(worlds=(2,), pipelines=(1,), numel=4096, calls=1, repeats=1)
+    assert list(df.columns) == bench.COLUMNS
+    assert set(df["what"]) == {"compress", "decompress", "all_reduce", "reduce_scatter", "all_gather"}
+    assert (df["host_reads_per_call"] == 0).all()
+    launches = dict(zip(df["what"], df["launches_per_call"]))
+    assert launches == {"compress": 1, "decompress": 1, "all_reduce": 3, "reduce_scatter": 2, "all_gather": 2}
+    assert (df["host_us"] > 0).all() and (df["ratio_to_tiny_op"] > 0).all()

@@ -381,27 +381,20 @@ class _Plan:
                                 out=own[: lay.nbytes], backend=self.backend)
             _put_tag(own, lay.nbytes, self.tag(1, k, rank))
             return own
-        from ..kernels.reduce import _row_views
-
         own = dense_out if dense else torch.empty(sl.slot, dtype=torch.uint8, device=recv.device)
-        _, in_a, in_b = _row_views(rows, lay)
-        in_c = rows  # the codes start each row; never an empty view (the tags are read through it)
-        if dense:
-            o_c = o_a = o_b = dense_out
-        else:
-            _, o_a, o_b = _row_views(own.view(1, sl.slot), lay)
-            o_c = own
         prep = self._prepared.get(("reduce", k))
         if prep is None:
             from ..kernels.reduce import reduce_launch
 
+            stride = sl.strides[rank]
+            strides = (stride, stride // 4, stride if self.config.scales == "dual" else stride // 4)
             tags = (self.errors.tensor, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot)
-            launch = reduce_launch(in_c, in_a, in_b, (in_c.stride(0), in_a.stride(0), in_b.stride(0)), p, o_c, o_a,
-                                   o_b, own, lay.numel, self.config, scale, dense, target_of(recv.device),
+            launch = reduce_launch(rows, rows, rows, strides, p, own, own, own, own, lay.numel, self.config, scale,
+                                   dense, target_of(recv.device),
                                    launch_params("reduce", recv.device, torch.uint8, self.config, lay.numel),
                                    recv.device, inf_above, tags=tags)
             prep = self._prepared["reduce", k] = Prepared(launch, (0, 1, 2, 7, 8, 9, 10, 17, 26, 27))
-        prep(in_c, in_a, in_b, o_c, o_a, o_b, own, stochastic_seed, k, call.seq)
+        prep(rows, rows, rows, own, own, own, own, stochastic_seed, k, call.seq)
         return own
 
     def decompress(self, call: _Call, gathered: torch.Tensor, out_flat: torch.Tensor, k: int, inf_above=math.inf):

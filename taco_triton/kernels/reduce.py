@@ -29,7 +29,7 @@ from .slots import read_tag, record_error, write_tag
 def _reduce_kernel(
     in_codes_ptr, in_a_ptr, in_b_ptr, stride_codes, stride_a, stride_b, n_ranks,
     out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, scale,
-    out_max, inf_above, err_ptr, tag_in, tag_out, tag_pos, tag_end, k, seq,
+    out_max, inf_above, err_ptr, tag_in, tag_out, tag_pos, tag_end, k, seq, a_off, b_off,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
@@ -39,7 +39,17 @@ def _reduce_kernel(
     if DENSE and HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G)
     bad = False
-    if TAGGED:  # every rank's row carries tag_in after its tag_pos wire bytes (see slots.py)
+    if TAGGED:  # slotted rows: every rank's row carries tag_in after its tag_pos wire bytes (slots.py)
+        # the scale regions are at byte offsets a_off, b_off of each row and of the output slot
+        in_a_ptr = (in_codes_ptr + tl.multiple_of(a_off, 4)).to(tl.pointer_type(tl.float32))
+        in_b_ptr = in_codes_ptr + b_off
+        if not DUAL:
+            in_b_ptr = (in_codes_ptr + tl.multiple_of(b_off, 4)).to(tl.pointer_type(tl.float32))
+        if not DENSE:
+            out_a_ptr = (out_codes_ptr + tl.multiple_of(a_off, 4)).to(tl.pointer_type(tl.float32))
+            out_b_ptr = out_codes_ptr + b_off
+            if not DUAL:
+                out_b_ptr = (out_codes_ptr + tl.multiple_of(b_off, 4)).to(tl.pointer_type(tl.float32))
         pid = tl.program_id(0)
         src = -1
         found = 0
@@ -108,7 +118,9 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     tags: None, or (errors, tag_in, tag_out, slot_end) for the collectives' slotted buffers: each
     rank's row carries tag_in after its wire bytes, checked on the device (a mismatch makes the
     sum NaN and fills the `slots.ErrorRecord` tensor `errors`); the compressed sum gets tag_out and
-    zero padding up to slot_end. The last two arguments, k (slice) and seq (call), name the call
+    zero padding up to slot_end. The kernel then finds the scale regions itself, at their byte
+    offsets in each row (and in the output slot): in_a, in_b (o_a, o_b) may be the uint8 rows
+    (the output slot) themselves, so a call needs no views. The last two arguments, k (slice) and seq (call), name the call
     in an error record (0 here; the collectives pass theirs per call)."""
     layout = WireLayout.of(numel, config)
     code_addresses = (in_c.data_ptr(), strides[0]) + (() if dense else (o_c.data_ptr(),))
@@ -126,7 +138,7 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     return Launch(_reduce_kernel, n_tiles,
                   (in_c, in_a, in_b, *strides, n_ranks, o_c, o_a, o_b, target_out, h, h16, numel, layout.n_groups,
                    layout.n_superblocks, n_tiles, config.seed, scale, out_max, inf_above, errors, tag_in, tag_out,
-                   layout.nbytes, tag_end, 0, 0), meta, device)
+                   layout.nbytes, tag_end, 0, 0, layout.scale_a_offset, layout.scale_b_offset), meta, device)
 
 
 def reduce_triton(
