@@ -73,6 +73,15 @@ _agreed: set = set()
 _fingerprints: dict = {}
 
 
+_DEFAULT_CONFIG: list = []
+
+
+def _default_config() -> CompressionConfig:
+    if not _DEFAULT_CONFIG:
+        _DEFAULT_CONFIG.append(CompressionConfig())
+    return _DEFAULT_CONFIG[0]
+
+
 def _fingerprint(signature: tuple) -> int:
     fp = _fingerprints.get(signature)
     if fp is None:
@@ -157,7 +166,7 @@ class _Call:
     def __init__(self, kind, tensors, group, config, op, min_bytes, pipeline, check, backend):
         """tensors[0] is the one written (all_reduce's tensor, the others' output)."""
         self.kind, self.group, self.op = kind, group, op
-        config = CompressionConfig() if config is None else config
+        config = _default_config() if config is None else config
         if not isinstance(config, CompressionConfig):
             raise TypeError(f"config must be a CompressionConfig or None, got {type(config).__name__}")
         if op not in ("sum", "avg"):
@@ -442,14 +451,15 @@ _plans: dict = {}
 _MAX_PLANS = 1024
 
 
-def _plan(call: _Call, chunks, device: torch.device, chunk_numel: int = 0) -> _Plan:
-    """The plan of this call's (group, signature, device), built on its first call."""
+def _plan(call: _Call, chunks: Callable[[], list], device: torch.device, chunk_numel: int = 0) -> _Plan:
+    """The plan of this call's (group, signature, device), built on its first call (`chunks()`
+    gives the chunks then)."""
     key = (call.group, call.signature, device)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
-        plan = _plans[key] = _Plan(call, chunks, device, chunk_numel)
+        plan = _plans[key] = _Plan(call, chunks(), device, chunk_numel)
     return plan
 
 
@@ -651,7 +661,7 @@ def _all_reduce_compressed(call: _Call, tensor: torch.Tensor) -> _Plan:
     flat, copy_back = _flat_inplace(tensor)
     n = flat.numel()
     c = _round_up(-(-n // p), SUPERBLOCK_ELEMS)
-    plan = _plan(call, [(min(j * c, n), min((j + 1) * c, n)) for j in range(p)], flat.device)
+    plan = _plan(call, lambda: [(min(j * c, n), min((j + 1) * c, n)) for j in range(p)], flat.device)
     scale = 1.0 / p if call.op == "avg" else 1.0
     inf_above = call.inf_above(flat.dtype)
     device = flat.device
@@ -724,7 +734,7 @@ def _reduce_scatter_compressed(call: _Call, output, input) -> _Plan:
     flat_in = input.contiguous().view(-1)
     out_flat, copy_back = _flat_inplace(output)
     m = out_flat.numel()
-    plan = _plan(call, [(j * m, (j + 1) * m) for j in range(p)], flat_in.device)
+    plan = _plan(call, lambda: [(j * m, (j + 1) * m) for j in range(p)], flat_in.device)
     scale = 1.0 / p if call.op == "avg" else 1.0
     inf_above = call.inf_above(out_flat.dtype)
 
@@ -771,7 +781,7 @@ def _all_gather_compressed(call: _Call, output, input) -> _Plan:
     flat_in = input.contiguous().view(-1)
     out_flat, copy_back = _flat_inplace(output)
     m = flat_in.numel()
-    plan = _plan(call, [(0, m)], flat_in.device, chunk_numel=m)
+    plan = _plan(call, lambda: [(0, m)], flat_in.device, chunk_numel=m)
 
     def launch(kp):
         k, _ = kp
