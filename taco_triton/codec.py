@@ -8,7 +8,6 @@ from .compressed import Compressed
 from .config import INPUT_DTYPES, CompressionConfig
 from .layout import WireLayout
 
-
 _DEFAULT: list = []
 
 

@@ -35,7 +35,7 @@ class WireLayout:
     nbytes: int
 
     @staticmethod
-    def of(numel: int, config: CompressionConfig) -> "WireLayout":
+    def of(numel: int, config: CompressionConfig) -> WireLayout:
         """The layout of `numel` elements under `config` (cached: layouts are immutable)."""
         try:
             return _layout_of(numel, config)
@@ -43,7 +43,7 @@ class WireLayout:
             return WireLayout._build(numel, config)
 
     @staticmethod
-    def _build(numel: int, config: CompressionConfig) -> "WireLayout":
+    def _build(numel: int, config: CompressionConfig) -> WireLayout:
         if numel < 0:
             raise ValueError(f"numel must be >= 0, got {numel}")
         g = config.group_size

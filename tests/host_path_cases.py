@@ -16,7 +16,7 @@ PER_RANK = 2 * 4096
 def issue(kind: str, p: int, pipeline, async_op: bool, check=None, backend="triton", dtype=torch.bfloat16):
     """A closure issuing one compressed collective of `kind` on fresh-enough tensors."""
     n = PER_RANK * p
-    kw = dict(min_bytes=0, backend=backend, pipeline=pipeline, async_op=async_op, check=check)
+    kw = {"min_bytes": 0, "backend": backend, "pipeline": pipeline, "async_op": async_op, "check": check}
     if kind == "all_reduce":
         x = torch.ones(n, dtype=dtype)
         return lambda: taco.all_reduce(x, **kw)

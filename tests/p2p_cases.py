@@ -31,9 +31,9 @@ def findings(rank: int, world: int, backend: str) -> dict:
         cfg = base if rank == 0 else mine
         x = torch.ones(256, dtype=torch.bfloat16)
         if rank == 0:
-            out[name] = _outcome(lambda: p2p.isend(x, peer, config=cfg, min_bytes=0, backend=backend).wait())
+            out[name] = _outcome(lambda x=x, cfg=cfg: p2p.isend(x, peer, config=cfg, min_bytes=0, backend=backend).wait())
         else:
-            out[name] = _outcome(lambda: p2p.irecv(x, peer, config=cfg, min_bytes=0, backend=backend).wait())
+            out[name] = _outcome(lambda x=x, cfg=cfg: p2p.irecv(x, peer, config=cfg, min_bytes=0, backend=backend).wait())
     n = 256 if rank == 0 else 384
     x = torch.ones(n, dtype=torch.bfloat16)
     if rank == 0:

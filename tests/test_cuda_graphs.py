@@ -41,7 +41,7 @@ def no_sync():
 
 def _issue(kind, n, pipeline):
     g = torch.Generator(device="cuda").manual_seed(7)
-    kw = dict(min_bytes=0, pipeline=pipeline)
+    kw = {"min_bytes": 0, "pipeline": pipeline}
     if kind == "all_reduce":
         src = torch.randn(n, device="cuda", generator=g).bfloat16()
         x = torch.empty_like(src)

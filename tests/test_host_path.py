@@ -84,3 +84,22 @@ def test_host_overhead_bench_core_on_tiny_settings(monkeypatch):
     launches = dict(zip(df["what"], df["launches_per_call"]))
     assert launches == {"compress": 1, "decompress": 1, "all_reduce": 3, "reduce_scatter": 2, "all_gather": 2}
     assert (df["host_us"] > 0).all() and (df["ratio_to_tiny_op"] > 0).all()
+
+
+def test_a_new_default_group_gets_its_own_plans():
+    """Plans hold P and the rank: after destroy_process_group and a new default group of another
+    size, the same call (same signature) must build a new plan, not reuse the old one."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from taco_triton.collectives import _pg
+    from taco_triton.collectives import compressed as C
+
+    for world in (2, 4):
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+        try:
+            cases.steady_state(cases.issue("all_reduce", 2, 1, True, check=False))  # same numel at both sizes
+            group = _pg.group_object(None)
+            assert {plan.p for key, plan in C._plans.items() if key[0] is group} == {world}
+        finally:
+            dist.destroy_process_group()

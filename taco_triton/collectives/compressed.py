@@ -45,7 +45,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -198,9 +198,12 @@ class _Call:
                           self.depth, self.backend if self.compress else None)
         self.fp = _fingerprint(self.signature)
         self.seq = next(_calls)
+        # the group object itself: a default group re-created after destroy_process_group is a new
+        # one, whose agreements and plans (which hold P and the rank) start afresh
+        self.pg = _pg.group_object(group)
         mode = check_mode(check)
         if mode != "never" and self.p > 1:
-            key = (group, self.signature)
+            key = (self.pg, self.signature)
             if mode == "always" or key not in _agreed:
                 _pg.agree(kind, self.signature, message.device, group)
                 _agreed.add(key)
@@ -454,7 +457,7 @@ _MAX_PLANS = 1024
 def _plan(call: _Call, chunks: Callable[[], list], device: torch.device, chunk_numel: int = 0) -> _Plan:
     """The plan of this call's (group, signature, device), built on its first call (`chunks()`
     gives the chunks then)."""
-    key = (call.group, call.signature, device)
+    key = (call.pg, call.signature, device)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= _MAX_PLANS:

@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
+from ..config import INPUT_DTYPES, CompressionConfig
 from ..env import check_mode
 from ..kernels.slots import salt
-from ..config import INPUT_DTYPES, CompressionConfig
 from ..layout import WireLayout
 from . import _pg
 from . import compressed as _compressed
@@ -189,7 +189,7 @@ _HANDSHAKE_TAG = 0x7AC0  # the handshake's messages never match a payload's (tag
 
 def _needs_handshake(peer: int, group, sig: tuple, sending: bool, check) -> bool:
     mode = check_mode(check)
-    return mode == "always" or (mode == "first" and (peer, group, sig, sending) not in _agreed)
+    return mode == "always" or (mode == "first" and (peer, _pg.group_object(group), sig, sending) not in _agreed)
 
 
 def _handshake_error(role: str, peer: int, sig: tuple, theirs: int, mine: int) -> ValueError:
@@ -224,7 +224,7 @@ class _Handshake:
                 scratch = torch.empty(their_bytes, dtype=torch.uint8, device=self.device)
                 dist.recv(scratch, self.peer, group=self.group)
             raise _handshake_error(role, self.peer, self.sig, theirs, mine)
-        _agreed.add((self.peer, self.group, self.sig, role == "sender"))
+        _agreed.add((self.peer, _pg.group_object(self.group), self.sig, role == "sender"))
 
     def receive(self) -> None:
         dist.recv(self.theirs, self.peer, group=self.group, tag=_HANDSHAKE_TAG)

@@ -21,8 +21,21 @@ from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import quantize_store, taco_prescale, tile_rows
 from .slots import (
-    A_OFF, B_OFF, DESC, ELEM_OFF, N_GROUPS, N_SB, N_TILES, NBYTES, NUMEL, SLOT_END, SLOT_OFF, TAG, TILE_BASE,
-    salt_in_kernel, write_tag,
+    A_OFF,
+    B_OFF,
+    DESC,
+    ELEM_OFF,
+    N_GROUPS,
+    N_SB,
+    N_TILES,
+    NBYTES,
+    NUMEL,
+    SLOT_END,
+    SLOT_OFF,
+    TAG,
+    TILE_BASE,
+    salt_in_kernel,
+    write_tag,
 )
 
 
@@ -44,7 +57,7 @@ def _compress_tile(
         pre = 1.0
     else:  # TACO's RMS pre-scale (cancels mathematically; kept to reproduce its layout)
         x = x.to(tl.float32)
-        xs = tl.where(x == x, x, 0.0)
+        xs = tl.where(x == x, x, 0.0)  # noqa: PLR0124 - x == x is False for NaN
         finite = row_absmax(x) <= 3.4028234663852886e38
         pre = taco_prescale(tl.div_rn(tl.sum(xs * xs, axis=1), G * 1.0), finite, CODE_MAX)
         x = x * pre[:, None]

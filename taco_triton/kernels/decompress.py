@@ -21,8 +21,21 @@ from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, store_dense, tile_rows
 from .slots import (
-    A_OFF, B_OFF, DESC, ELEM_OFF, N_GROUPS, N_SB, N_TILES, NBYTES, NUMEL, SLOT_OFF, SRC, TAG, TILE_BASE,
-    read_tag, record_error,
+    A_OFF,
+    B_OFF,
+    DESC,
+    ELEM_OFF,
+    N_GROUPS,
+    N_SB,
+    N_TILES,
+    NBYTES,
+    NUMEL,
+    SLOT_OFF,
+    SRC,
+    TAG,
+    TILE_BASE,
+    read_tag,
+    record_error,
 )
 
 

@@ -18,7 +18,15 @@ import triton.language as tl
 from .. import alloc
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import STOCHASTIC, codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables, row_absmax
+from ._common import (
+    STOCHASTIC,
+    codec_constexprs,
+    decode_codes,
+    hadamard_rows,
+    load_codes,
+    load_tables,
+    row_absmax,
+)
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, quantize_store, store_dense, taco_prescale, tile_rows
@@ -61,7 +69,7 @@ def _reduce_kernel(
         bad = src >= 0
         if bad & (pid == 0):
             record_error(err_ptr, k, src, found, tag_in, seq)
-        if not DENSE:
+        if not DENSE:  # noqa: SIM102 - a constexpr test, kept apart from the runtime one
             if pid == 0:
                 write_tag(out_codes_ptr, tag_pos, tag_end, tag_out)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
@@ -90,7 +98,7 @@ def _reduce_kernel(
                 pre_out = 1.0
             else:  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
                 finite = row_absmax(acc) <= 3.4028234663852886e38
-                accf = tl.where(acc == acc, acc, 0.0)
+                accf = tl.where(acc == acc, acc, 0.0)  # noqa: PLR0124 - False for NaN
                 ms = tl.div_rn(tl.sum(accf * accf, axis=1), G * 1.0)
                 if HADAMARD:
                     ms = ms * (4.0 * G)
