@@ -40,6 +40,13 @@ def findings(rank: int, world: int, backend: str) -> dict:
         out["size"] = _outcome(lambda: p2p.isend(x, peer, config=base, min_bytes=0, backend=backend).wait())
     else:
         out["size"] = _outcome(lambda: p2p.irecv(x, peer, config=base, min_bytes=0, backend=backend).wait())
+    # min_bytes that differ: one end compresses, the other sends natively
+    x = torch.ones(384, dtype=torch.bfloat16)
+    mb = 0 if rank == 0 else 1 << 30
+    if rank == 0:
+        out["min_bytes"] = _outcome(lambda: p2p.isend(x, peer, config=base, min_bytes=mb, backend=backend).wait())
+    else:
+        out["min_bytes"] = _outcome(lambda: p2p.irecv(x, peer, config=base, min_bytes=mb, backend=backend).wait())
     # after agreement, a later divergence of the same size is caught by the message's tag
     agreed = torch.ones(512, dtype=torch.bfloat16)
     if rank == 0:

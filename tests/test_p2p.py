@@ -15,7 +15,7 @@ def seen(request):
     return run_ranks(cases.findings, 2, request.param, pg_timeout_s=20, timeout_s=400)
 
 
-@pytest.mark.parametrize("field", ["codec", "group_size", "hadamard", "size"])
+@pytest.mark.parametrize("field", ["codec", "group_size", "hadamard", "size", "min_bytes"])
 def test_ends_that_disagree_raise_value_error_on_both_ranks(seen, field):
     for rank, report in enumerate(seen):
         assert report[field].startswith("ValueError") and "expects a different message" in report[field], (rank, report[field])
