@@ -7,6 +7,7 @@ only primitive arguments.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -18,6 +19,7 @@ from .layout import WireLayout
 BACKENDS = ("auto", "triton", "torch")
 
 
+@functools.lru_cache(maxsize=1)
 def _triton_available() -> bool:
     try:
         import triton  # noqa: F401

@@ -230,14 +230,15 @@ class Prepared:
     parameters, no grid lookup.
     """
 
-    __slots__ = ("args", "fn", "grid", "meta", "varying")
+    __slots__ = ("args", "fn", "grid", "launcher", "meta", "varying")
 
     def __init__(self, launch: Launch, varying: tuple[int, ...]):
         self.fn, self.grid, self.meta = launch.fn, launch.grid(), launch.meta
+        self.launcher = launch.fn[self.grid]  # Triton's launch bound to the grid, made once
         self.args, self.varying = list(launch.args), varying
 
     def __call__(self, *values):
         args = self.args.copy()
         for i, v in zip(self.varying, values):
             args[i] = v
-        return self.fn[self.grid](*args, **self.meta)
+        return self.launcher(*args, **self.meta)
