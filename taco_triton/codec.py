@@ -92,7 +92,8 @@ def decompress(c: Compressed, *, out: torch.Tensor | None = None, backend: str =
     """
     if not isinstance(c, Compressed):
         raise TypeError(f"decompress expects a Compressed, got {type(c).__name__}")
-    expected = WireLayout.of(c.numel, c.config).nbytes
+    numel = c.numel
+    expected = WireLayout.of(numel, c.config).nbytes
     if c.data.dtype != torch.uint8 or c.data.dim() != 1 or c.data.numel() != expected:
         raise ValueError(
             f"Compressed.data must be 1-D uint8 with {expected} bytes for shape {tuple(c.shape)}, got "
@@ -101,7 +102,8 @@ def decompress(c: Compressed, *, out: torch.Tensor | None = None, backend: str =
     c = c.aligned()  # odd-offset or strided data: copied, so its FP32 scales can be viewed
     if not torch.compiler.is_compiling():  # eager: no dispatch layers, launch state prepared once
         if out is None:
-            return ops.decompress_eager(c.data, alloc.empty(c.numel, c.dtype, c.data.device), c.config,
+            data = c.data
+            return ops.decompress_eager(data, alloc.empty(numel, c.dtype, data.device), c.config,
                                         backend).view(c.shape)
         _check_out(c, out)
         if out.is_contiguous():
