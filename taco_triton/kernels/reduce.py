@@ -59,16 +59,12 @@ def _reduce_kernel(
             if not DUAL:
                 out_b_ptr = (out_codes_ptr + tl.multiple_of(b_off, 4)).to(tl.pointer_type(tl.float32))
         pid = tl.program_id(0)
-        src = -1
-        found = 0
+        src = -1  # the first rank whose tag differs
         for r in range(n_ranks):
-            got_r = read_tag(in_codes_ptr + r * stride_codes, tag_pos)
-            first = (got_r != tag_in) & (src < 0)
-            src = tl.where(first, r, src)
-            found = tl.where(first, got_r, found)
+            src = tl.where((read_tag(in_codes_ptr + r * stride_codes, tag_pos) != tag_in) & (src < 0), r, src)
         bad = src >= 0
         if bad & (pid == 0):
-            record_error(err_ptr, k, src, found, tag_in, seq)
+            record_error(err_ptr, k, src, read_tag(in_codes_ptr + src * stride_codes, tag_pos), tag_in, seq)
         if not DENSE:  # noqa: SIM102 - a constexpr test, kept apart from the runtime one
             if pid == 0:
                 write_tag(out_codes_ptr, tag_pos, tag_end, tag_out)
