@@ -2,7 +2,12 @@
 
 The sender compresses once into one uint8 wire buffer; the receiver knows the tensor's shape,
 dtype and config (both ends derive the wire layout from them, as in the collectives), receives
-the buffer and decompresses it into its own tensor. Nothing but the wire buffer travels.
+the buffer and decompresses it into its own tensor. The buffer is the codec's bytes, a 4-byte tag
+of (size, dtype, config) and zero padding to 16 bytes; the receiving kernel checks the tag on the
+device before its output is used (a mismatch: NaN and ValueError, no host synchronization). One
+launch on each side. The first message of each (peer, signature) is preceded by a handshake of
+fingerprints, so ends that disagree raise ValueError instead of posting receives of the wrong
+size (gloo aborts the process on one). Stochastic rounding gets a fresh seed per message.
 
     work = isend(activations, dst=next_rank, config=cfg, min_bytes=0)      # stage s
     work = irecv(buffer, src=prev_rank, config=cfg, min_bytes=0); work.wait()  # stage s + 1
@@ -285,9 +290,10 @@ def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig 
           min_bytes: int | None = None, backend: str = "auto", check=None):
     """Like `dist.isend` (dst is a global rank); compressed when `should_compress`.
 
-    The first compressed message of each (peer, size, dtype, config) is preceded by a handshake
-    that checks the receiver expects the same: ValueError at the receiver's `irecv` and at this
-    Work's `wait()` otherwise. `check` as in the collectives (False: no handshake, "always":
+    The first message of each (peer, size, dtype, config), compressed or sent natively, is
+    preceded by a handshake that checks the receiver expects the same: ValueError at the
+    receiver's `irecv` and at this Work's `wait()` otherwise. Both ends must therefore use this
+    module's `isend` / `irecv` (a plain `dist.irecv` would never answer the handshake). `check` as in the collectives (False: no handshake, "always":
     before every message); after the first message only the message's tag is checked, on the
     device."""
     compress = should_compress(tensor, config, min_bytes, backend)
