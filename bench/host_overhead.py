@@ -33,7 +33,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 COLUMNS = ["what", "world_size", "pipeline", "numel", "launches_per_call", "host_reads_per_call", "host_us",
