@@ -178,6 +178,15 @@ run_step "$GPU" pytest 170 30 pytest.log -- env TACO_TEST_DEVICE=cuda "$PY" -m p
   tests/test_properties.py tests/test_api.py tests/test_reference.py tests/test_serialization.py -q -x \
   -p no:cacheprovider
 
+# ---------------------------------------------------------------------------------------------
+# 2b. The host path around the kernels: the compressed collectives and p2p captured in CUDA
+#     graphs and replayed (same bytes as eager, no host sync in the steady state under
+#     torch.cuda.set_sync_debug_mode("error")), on a one-rank NCCL group with
+#     TACO_TRITON_COMPRESS_SINGLE_RANK=1 set by the tests. Appended to pytest.log.
+run_step "$GPU" cuda_graphs 90 30 pytest.log -- env TACO_TEST_DEVICE=cuda "$PY" -m pytest tests/test_cuda_graphs.py \
+  -q -x -rs -p no:cacheprovider
+# ---------------------------------------------------------------------------------------------
+
 # 3. The kernel benchmark: default config, 1 MiB .. 1 GiB of bf16.
 SIZES=1M,4M,16M,64M,256M,1G
 if (( DRY_RUN )); then

@@ -13,6 +13,7 @@ Importing this package touches no GPU and does not require one.
 from .calibrate import CalibrationResult, calibrate
 from .codec import compress, decompress
 from .collectives import WireStats, all_gather, all_reduce, reduce_scatter
+from .collectives.compressed import check_errors
 from .compressed import Compressed
 from .config import CODEC_SPECS, CodecSpec, CompressionConfig
 from .estimate import Estimate, estimate
@@ -32,6 +33,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "calibrate",
+    "check_errors",
     "compress",
     "compressed_group",
     "decompress",

@@ -3,10 +3,18 @@ from __future__ import annotations
 
 import torch
 
-from . import ops
+from . import alloc, ops
 from .compressed import Compressed
 from .config import INPUT_DTYPES, CompressionConfig
 from .layout import WireLayout
+
+_DEFAULT: list = []
+
+
+def _default_config() -> CompressionConfig:
+    if not _DEFAULT:
+        _DEFAULT.append(CompressionConfig())
+    return _DEFAULT[0]
 
 
 def _fields(c: CompressionConfig) -> tuple:
@@ -42,12 +50,15 @@ def compress(
         raise TypeError(f"compress expects a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"compress supports bfloat16, float16 and float32 tensors, got {x.dtype}")
-    config = CompressionConfig() if config is None else config
+    config = _default_config() if config is None else config
     if not isinstance(config, CompressionConfig):
         raise TypeError(f"config must be a CompressionConfig or None, got {type(config).__name__}")
     if not config.enabled:
         raise ValueError("compress got a config with enabled=False: there is nothing to compress with it")
-    data = ops.compress_op(x.contiguous(), *_fields(config), backend)
+    if torch.compiler.is_compiling():  # the registered op: what torch.compile traces
+        data = ops.compress_op(x.contiguous(), *_fields(config), backend)
+    else:  # eager: the same work without the dispatch layers only tracing needs
+        data = ops.compress_eager(x.contiguous(), config, backend)
     c = Compressed(data, x.shape, x.dtype, config)
     if check_finite:
         _raise_if_nonfinite(c)
@@ -81,22 +92,39 @@ def decompress(c: Compressed, *, out: torch.Tensor | None = None, backend: str =
     """
     if not isinstance(c, Compressed):
         raise TypeError(f"decompress expects a Compressed, got {type(c).__name__}")
-    expected = WireLayout.of(c.numel, c.config).nbytes
+    numel = c.numel
+    expected = WireLayout.of(numel, c.config).nbytes
     if c.data.dtype != torch.uint8 or c.data.dim() != 1 or c.data.numel() != expected:
         raise ValueError(
             f"Compressed.data must be 1-D uint8 with {expected} bytes for shape {tuple(c.shape)}, got "
             f"{c.data.dtype} with shape {tuple(c.data.shape)}"
         )
     c = c.aligned()  # odd-offset or strided data: copied, so its FP32 scales can be viewed
+    if not torch.compiler.is_compiling():  # eager: no dispatch layers, launch state prepared once
+        if out is None:
+            data = c.data
+            return ops.decompress_eager(data, alloc.empty(numel, c.dtype, data.device), c.config,
+                                        backend).view(c.shape)
+        _check_out(c, out)
+        if out.is_contiguous():
+            ops.decompress_eager(c.data, out.view(-1), c.config, backend)
+        else:
+            out.copy_(ops.decompress_eager(c.data, alloc.empty(c.numel, out.dtype, out.device), c.config,
+                                           backend).view(out.shape))
+        return out
     if out is None:
         return ops.decompress_op(c.data, c.numel, c.dtype, *_fields(c.config), backend).view(c.shape)
-    if out.numel() != c.numel or out.dtype not in INPUT_DTYPES or out.device != c.data.device:
-        raise ValueError(
-            f"out must have {c.numel} elements, a dtype in bf16/fp16/fp32 and device {c.data.device}; "
-            f"got {out.numel()} elements, {out.dtype}, {out.device}"
-        )
+    _check_out(c, out)
     if out.is_contiguous():
         ops.decompress_into_op(c.data, out, *_fields(c.config), backend)
     else:
         out.copy_(ops.decompress_op(c.data, c.numel, out.dtype, *_fields(c.config), backend).view(out.shape))
     return out
+
+
+def _check_out(c: Compressed, out) -> None:
+    if out.numel() != c.numel or out.dtype not in INPUT_DTYPES or out.device != c.data.device:
+        raise ValueError(
+            f"out must have {c.numel} elements, a dtype in bf16/fp16/fp32 and device {c.data.device}; "
+            f"got {out.numel()} elements, {out.dtype}, {out.device}"
+        )

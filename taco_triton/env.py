@@ -5,8 +5,13 @@
 | TRITON_INTERPRET=1         | Triton's CPU interpreter; lets backend="triton" run on CPU     |
 |                            | tensors. Must be set before taco_triton.kernels is imported.   |
 | TACO_TRITON_POISON_ALLOC=1 | fill library-allocated outputs with NaN / 0xFF (tests)         |
-| TACO_TRITON_CHECK_COLLECTIVES=0 | collectives skip the 8-byte fingerprint exchange that   |
-|                            | checks every rank called the same collective (default: on)     |
+| TACO_TRITON_CHECK_COLLECTIVES | when collectives exchange the 8-byte fingerprint that     |
+|                            | checks every rank called the same collective: `1` (default) on |
+|                            | the first call of each (group, signature), then cached; `always`|
+|                            | on every call (debugging: a host sync per call); `0` never     |
+| TACO_TRITON_COMPRESS_SINGLE_RANK=1 | testing only: a group of one rank runs the compressed |
+|                            | path (codec, tags, its own collectives) instead of returning   |
+|                            | at once, so one GPU can test it (CUDA graphs); off by default  |
 | TACO_AUTOTUNE=cached       | launch parameters of the kernels (`autotune` package):         |
 |                            | `cached` (default) reads the shipped per-GPU files and the     |
 |                            | user's cache; `online` also times every config on a miss and   |
@@ -54,6 +59,36 @@ def autotune_cache_path() -> str:
     return os.path.join(base, "taco_triton", "autotune.json")
 
 
+def compress_single_rank() -> bool:
+    """TACO_TRITON_COMPRESS_SINGLE_RANK=1: collectives on a group of one rank take the compressed
+    path (for tests on one GPU; a real group of one needs no communication, so it is off)."""
+    return os.environ.get("TACO_TRITON_COMPRESS_SINGLE_RANK", "0") == "1"
+
+
+CHECK_MODES = ("first", "always", "never")
+
+
+def check_mode(check=None) -> str:
+    """When a collective exchanges its fingerprint: "first" (the first call of each (group,
+    signature); the default), "always" (every call) or "never".
+
+    `check` is the collective's argument: None follows TACO_TRITON_CHECK_COLLECTIVES (`1` or
+    unset: "first", `always`, `0`: "never"); True means "first", False "never", "always" every call.
+    """
+    if check is None:
+        raw = os.environ.get("TACO_TRITON_CHECK_COLLECTIVES", "1").strip().lower()
+        if raw == "always":
+            return "always"
+        return "never" if raw == "0" else "first"
+    if check is True or check == "first":
+        return "first"
+    if check is False or check == "never":
+        return "never"
+    if check == "always":
+        return "always"
+    raise ValueError(f"check must be None, True, False or 'always', got {check!r}")
+
+
 def check_collectives() -> bool:
-    """True (the default) when collectives first verify the ranks agree on the call's signature."""
-    return os.environ.get("TACO_TRITON_CHECK_COLLECTIVES", "1") != "0"
+    """True (the default) when collectives verify the ranks agree on the call's signature."""
+    return check_mode() != "never"

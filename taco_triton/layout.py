@@ -14,6 +14,7 @@ input): with the Hadamard transform a partial group has G coefficients, so its c
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .config import SUPERBLOCK_ELEMS, CompressionConfig
@@ -34,7 +35,15 @@ class WireLayout:
     nbytes: int
 
     @staticmethod
-    def of(numel: int, config: CompressionConfig) -> "WireLayout":
+    def of(numel: int, config: CompressionConfig) -> WireLayout:
+        """The layout of `numel` elements under `config` (cached: layouts are immutable)."""
+        try:
+            return _layout_of(numel, config)
+        except TypeError:  # an unhashable size (a symbolic one while tracing): built each time
+            return WireLayout._build(numel, config)
+
+    @staticmethod
+    def _build(numel: int, config: CompressionConfig) -> WireLayout:
         codes, a_bytes, b_bytes = config.wire_regions(numel)  # raises for numel < 0
         g = config.group_size
         n_groups = -(-numel // g)
@@ -69,3 +78,8 @@ class WireLayout:
         if self.scales != "dual":
             b = b.view(torch.float32)
         return codes, a, b
+
+
+@functools.lru_cache(maxsize=8192)
+def _layout_of(numel: int, config: CompressionConfig) -> WireLayout:
+    return WireLayout._build(numel, config)

@@ -7,6 +7,7 @@ only primitive arguments.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -18,6 +19,7 @@ from .layout import WireLayout
 BACKENDS = ("auto", "triton", "torch")
 
 
+@functools.lru_cache(maxsize=1)
 def _triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -151,3 +153,102 @@ def reduce_into(
         return dense_out
     data = reference.reduce_reference(bufs, numel, config, scale)
     return data if out is None else out.copy_(data)
+
+
+# ----------------------------------------------------------------------------- eager fast path
+# `taco_triton.compress` / `decompress` outside torch.compile: the same work as the registered
+# ops without their dispatch layers (which only tracing needs), with everything but the data
+# prepared once per (numel, config, dtype, device, backend): layout, launch parameters, grid,
+# constexprs, Hadamard tables. A steady-state call is an allocation, three views and one launch.
+_eager: dict = {}
+_MAX_EAGER = 4096
+_resolved: dict = {}
+
+
+def _backend_of(backend: str, device: torch.device) -> str:
+    key = (backend, device.type)
+    got = _resolved.get(key)
+    if got is None:
+        got = resolve_backend(backend, device)
+        if backend == "auto":  # "triton" on CPU depends on TRITON_INTERPRET at call time: not cached
+            _resolved[key] = got
+    return got
+
+
+def _remember(key, prep):
+    if len(_eager) >= _MAX_EAGER:
+        _eager.clear()
+    _eager[key] = prep
+    return prep
+
+
+def compress_eager(x: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
+    """The wire buffer of contiguous `x` (what `compress_op` returns), without dispatch layers."""
+    key = ("compress", x.numel(), config, x.dtype, x.device, backend)
+    prep = _eager.get(key)
+    if prep is None:
+        prep = _remember(key, _prepare_compress(x, config, backend))
+    return prep(x)
+
+
+def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
+    if _backend_of(backend, x.device) != "triton":
+        return lambda x: reference.compress_reference(x, config)
+    from .kernels._launch import Prepared, launch_params, target_of
+    from .kernels.compress import compress_launch
+
+    layout = WireLayout.of(x.numel(), config)
+    nbytes, device = layout.nbytes, x.device
+    if layout.n_groups == 0:
+        return lambda x: alloc.empty(nbytes, torch.uint8, device)
+    data = alloc.empty(nbytes, torch.uint8, device)
+    codes, a, b = layout.split(data)
+    prep = Prepared(compress_launch(x, codes, a, b, x.numel(), config, target_of(device),
+                                    launch_params("compress", device, x.dtype, config, x.numel()), device), (0, 1, 2, 3))
+    a0, b0, codes_shape = layout.scale_a_offset, layout.scale_b_offset, (layout.n_groups, layout.code_bytes)
+    b_f32 = config.scales != "dual"
+
+    def run(x):
+        data = alloc.empty(nbytes, torch.uint8, device)
+        b = data[b0:]
+        prep(x, data[:a0].view(codes_shape), data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b)
+        return data
+
+    return run
+
+
+def decompress_eager(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig, backend: str = "auto",
+                     inf_above: float = math.inf) -> torch.Tensor:
+    """Decompress a 16-byte-aligned wire buffer into contiguous `out`, without dispatch layers."""
+    key = ("decompress", out.numel(), config, out.dtype, out.device, backend, inf_above)
+    prep = _eager.get(key)
+    if prep is None:
+        prep = _remember(key, _prepare_decompress(data, out, config, backend, inf_above))
+    prep(data, out)
+    return out
+
+
+def _prepare_decompress(data, out, config: CompressionConfig, backend: str, inf_above: float):
+    if _backend_of(backend, data.device) != "triton":
+        def ref(data, out):
+            out.view(-1).copy_(reference.decompress_reference(data, out.numel(), config, out.dtype, inf_above))
+        return ref
+    from .kernels._launch import Prepared, launch_params, target_of
+    from .kernels.decompress import decompress_launch
+
+    layout = WireLayout.of(out.numel(), config)
+    if layout.n_groups == 0:
+        return lambda data, out: None
+    codes, a, b = layout.split(data)
+    device = out.device
+    prep = Prepared(decompress_launch(codes, a, b, out, out.numel(), config, target_of(device),
+                                      launch_params("decompress", device, out.dtype, config, out.numel()), device,
+                                      inf_above), (0, 1, 2, 3))
+    a0, b0, codes_shape = layout.scale_a_offset, layout.scale_b_offset, (layout.n_groups, layout.code_bytes)
+    b_f32 = config.scales != "dual"
+
+    def run(data, out):
+        b = data[b0:]
+        prep(data[:a0].view(codes_shape), data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b, out)
+
+    return run

@@ -181,6 +181,11 @@ def all_to_all(out, inp, out_splits, in_splits, group, async_op):
     return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
 
 
+def group_object(group):
+    """The process group a call runs on: `group`, or the current default group for None."""
+    return group if group is not None else dist.distributed_c10d._get_default_group()
+
+
 def fingerprint(signature: tuple) -> int:
     """A 32-bit digest of a call's signature (what every rank must agree on)."""
     return zlib.crc32(repr(signature).encode())

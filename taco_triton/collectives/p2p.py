@@ -2,7 +2,12 @@
 
 The sender compresses once into one uint8 wire buffer; the receiver knows the tensor's shape,
 dtype and config (both ends derive the wire layout from them, as in the collectives), receives
-the buffer and decompresses it into its own tensor. Nothing but the wire buffer travels.
+the buffer and decompresses it into its own tensor. The buffer is the codec's bytes, a 4-byte tag
+of (size, dtype, config) and zero padding to 16 bytes; the receiving kernel checks the tag on the
+device before its output is used (a mismatch: NaN and ValueError, no host synchronization). One
+launch on each side. The first message of each (peer, signature) is preceded by a handshake of
+fingerprints, so ends that disagree raise ValueError instead of posting receives of the wrong
+size (gloo aborts the process on one). Stochastic rounding gets a fresh seed per message.
 
     work = isend(activations, dst=next_rank, config=cfg, min_bytes=0)      # stage s
     work = irecv(buffer, src=prev_rank, config=cfg, min_bytes=0); work.wait()  # stage s + 1
@@ -13,13 +18,18 @@ helpers, so that its ordering of sends and receives is kept).
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.distributed as dist
 
 from .. import ops
 from ..config import INPUT_DTYPES, CompressionConfig
+from ..env import check_mode
+from ..kernels.slots import salt
 from ..layout import WireLayout
 from . import _pg
+from . import compressed as _compressed
 from .compressed import DEFAULT_MIN_BYTES
 
 __all__ = ["decode_into", "encode", "irecv", "isend", "should_compress", "wire_like"]
@@ -39,24 +49,217 @@ def should_compress(tensor: torch.Tensor, config: CompressionConfig | None, min_
     return tensor.numel() * tensor.element_size() >= min_bytes
 
 
+_TAG = 4
+_ALIGN = 16
+_sent = itertools.count()  # per-message salt of stochastic rounding (identical sends differ)
+
+
+def signature(tensor: torch.Tensor, config: CompressionConfig | None) -> tuple:
+    """What both ends of a message must agree on: size, dtype and config (None: sent natively)."""
+    return ("p2p", tensor.numel(), str(tensor.dtype), config)
+
+
+def _tag(sig: tuple) -> int:
+    return int.from_bytes(_pg.tag(_pg.fingerprint(sig), 0), "little")
+
+
+class _Message:
+    """One signature's wire geometry and, on the Triton path, its prepared launches and
+    descriptor tables (built on its first message, then reused)."""
+
+    def __init__(self, tensor: torch.Tensor, config: CompressionConfig, backend: str):
+        self.config, self.backend = config, ops.resolve_backend(backend, tensor.device)
+        self.sig = signature(tensor, config)
+        self.layout = WireLayout.of(tensor.numel(), config)
+        self.nbytes = -(-(self.layout.nbytes + _TAG) // _ALIGN) * _ALIGN
+        self.tag = _tag(self.sig)
+        self.device = tensor.device
+        self._encode = self._decode = None
+        if self.backend == "triton":
+            from ..kernels import slots
+
+            rows = slots.descriptors([(0, tensor.numel())], [self.layout], [0], [self.nbytes], [self.tag], [0])
+            self.desc = slots.table(rows, tensor.device)
+            self.tiles = slots.total_tiles([self.layout])
+            self.errors = slots.ErrorRecord(tensor.device)
+
+    def encode(self, flat: torch.Tensor, seed: int) -> torch.Tensor:
+        wire = torch.empty(self.nbytes, dtype=torch.uint8, device=flat.device)
+        if self.backend != "triton":
+            wire.zero_()
+            if self.layout.nbytes:
+                ops.compress_into(flat, self.config.replace(seed=seed) if self.config.stochastic else self.config,
+                                  wire[: self.layout.nbytes], self.backend)
+            wire[self.layout.nbytes : self.layout.nbytes + _TAG] = torch.tensor(
+                list(self.tag.to_bytes(4, "little")), dtype=torch.uint8, device=flat.device)
+            return wire
+        if self._encode is None:
+            from ..kernels import slots
+            from ..kernels._launch import Prepared, launch_params, target_of
+            from ..kernels.compress import compress_slots_launch
+
+            self._encode = Prepared(compress_slots_launch(
+                flat, wire, self.desc, 1, self.tiles, self.config, target_of(flat.device),
+                launch_params("compress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
+                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 6))
+        self._encode(flat, wire, seed)
+        return wire
+
+    def decode(self, wire: torch.Tensor, flat: torch.Tensor) -> None:
+        if self.backend != "triton":
+            got = int.from_bytes(bytes(wire[self.layout.nbytes : self.layout.nbytes + _TAG].cpu().tolist()), "little")
+            if got != self.tag:
+                flat.fill_(float("nan"))  # as the Triton path: the tensor never holds a garbage decode
+                raise _mismatch(self.sig, got, self.tag)
+            if self.layout.nbytes:
+                ops.decompress_into(wire[: self.layout.nbytes], flat, self.config, self.backend)
+            return
+        if self._decode is None:
+            from ..kernels import slots
+            from ..kernels._launch import Prepared, launch_params, target_of
+            from ..kernels.decompress import decompress_slots_launch
+
+            self._decode = Prepared(decompress_slots_launch(
+                wire, flat, self.desc, self.errors.tensor, 1, self.tiles, self.config, target_of(flat.device),
+                launch_params("decompress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
+                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 9, 10))
+        self._decode(wire, flat, 0, 0)
+        _compressed._watch(self, flat.device)
+
+    def error(self, record) -> ValueError:
+        _, _, got, want, _ = record
+        return _mismatch(self.sig, got, want)
+
+
+def _mismatch(sig, got: int, want: int) -> ValueError:
+    return ValueError(
+        f"taco_triton.p2p: the received message carries tag {got.to_bytes(4, 'little').hex()}, this rank expected "
+        f"{want.to_bytes(4, 'little').hex()} for {sig}: sender and receiver disagree on (size, dtype, config); "
+        "the tensor received NaN"
+    )
+
+
+_messages: dict = {}
+
+
+def _message(tensor: torch.Tensor, config: CompressionConfig, backend: str) -> _Message:
+    key = (tensor.numel(), tensor.dtype, config, tensor.device, backend)
+    m = _messages.get(key)
+    if m is None:
+        if len(_messages) > 1024:
+            _messages.clear()
+        m = _messages[key] = _Message(tensor, config, backend)
+    return m
+
+
 def encode(tensor: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
-    """The wire buffer of `tensor` (1-D uint8; compressed once)."""
-    wire = wire_like(tensor, config)
-    ops.compress_into(tensor.detach().contiguous().view(-1), config, wire, backend)
-    return wire
+    """The wire buffer of `tensor` (1-D uint8; compressed once): the codec's bytes, then a 4-byte
+    tag of (size, dtype, config) the receiver checks before using them, zero-padded to 16 bytes.
+    Stochastic rounding gets a fresh seed per message, so errors average out across messages."""
+    m = _message(tensor, config, backend)
+    seed = salt(config.seed, _rank(), next(_sent)) if config.stochastic else config.seed
+    return m.encode(tensor.detach().contiguous().view(-1), seed)
 
 
 def wire_like(tensor: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
     """An empty wire buffer for a message shaped like `tensor`."""
-    return torch.empty(WireLayout.of(tensor.numel(), config).nbytes, dtype=torch.uint8, device=tensor.device)
+    nbytes = -(-(WireLayout.of(tensor.numel(), config).nbytes + _TAG) // _ALIGN) * _ALIGN
+    return torch.empty(nbytes, dtype=torch.uint8, device=tensor.device)
 
 
 def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> None:
-    """Decompress a received wire buffer into `tensor` (contiguous; autograd leaves allowed)."""
+    """Check a received wire buffer's tag and decompress it into `tensor` (contiguous; autograd
+    leaves allowed). A tag that does not match this end's (size, dtype, config) raises
+    ValueError and leaves NaN in `tensor`: on the Triton path without a host synchronization,
+    when the work is done (at once on CPU; on CUDA at a later collective or
+    `taco_triton.check_errors()`)."""
     if not tensor.is_contiguous():
         raise ValueError(f"decode_into needs a contiguous tensor, got shape {tuple(tensor.shape)} "
                          f"with strides {tensor.stride()}")
-    ops.decompress_into(wire, tensor.detach(), config, backend)
+    m = _message(tensor, config, backend)
+    if wire.dtype != torch.uint8 or wire.dim() != 1 or wire.numel() != m.nbytes:
+        raise ValueError(f"decode_into: the wire buffer must be 1-D uint8 with {m.nbytes} bytes for {m.sig}, got "
+                         f"{wire.dtype} {tuple(wire.shape)}")
+    m.decode(wire, tensor.detach().view(-1))
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+# (peer, group, signature, role) of first messages whose handshake ran and matched.
+_agreed: set = set()
+_HANDSHAKE_TAG = 0x7AC0  # the handshake's messages never match a payload's (tag 0)
+
+
+def _needs_handshake(peer: int, group, sig: tuple, sending: bool, check) -> bool:
+    mode = check_mode(check)
+    return mode == "always" or (mode == "first" and (peer, _pg.group_object(group), sig, sending) not in _agreed)
+
+
+def _handshake_error(role: str, peer: int, sig: tuple, theirs: int, mine: int) -> ValueError:
+    other = "receiver" if role == "sender" else "sender"
+    return ValueError(
+        f"taco_triton.p2p: the {other} (rank {peer}) expects a different message than this {role}'s {sig} "
+        f"(fingerprints {theirs:#x} vs {mine:#x}): both ends must pass the same size, dtype, config and min_bytes"
+    )
+
+
+class _Handshake:
+    """The first compressed message of a signature between two ranks: the sender posts its
+    fingerprint (8 bytes, its own tag) and a receive of the receiver's, and checks them at
+    `wait()`; the receiver compares at `irecv()` time, answers, and raises before posting a
+    receive of a size the sender might not send (gloo aborts the process on a size mismatch)."""
+
+    def __init__(self, peer: int, group, sig: tuple, device, nbytes: int):
+        self.peer, self.group, self.sig, self.device = peer, group, sig, device
+        # (fingerprint, payload bytes): on a mismatch the receiver drains the payload by its size
+        self.mine = torch.tensor([_pg.fingerprint(sig), nbytes], dtype=torch.int64, device=device)
+        self.theirs = torch.empty(2, dtype=torch.int64, device=device)
+        _pg.guard_exit(self.mine)
+
+    def send(self):
+        return [dist.isend(self.mine, self.peer, group=self.group, tag=_HANDSHAKE_TAG),
+                dist.irecv(self.theirs, self.peer, group=self.group, tag=_HANDSHAKE_TAG + 1)]
+
+    def check(self, role: str) -> None:
+        (theirs, their_bytes), (mine, _) = self.theirs.tolist(), self.mine.tolist()  # first message only
+        if theirs != mine:
+            if role == "receiver":  # take the sender's payload off the wire, so no later receive gets it
+                scratch = torch.empty(their_bytes, dtype=torch.uint8, device=self.device)
+                dist.recv(scratch, self.peer, group=self.group)
+            raise _handshake_error(role, self.peer, self.sig, theirs, mine)
+        _agreed.add((self.peer, _pg.group_object(self.group), self.sig, role == "sender"))
+
+    def receive(self) -> None:
+        dist.recv(self.theirs, self.peer, group=self.group, tag=_HANDSHAKE_TAG)
+        dist.send(self.mine, self.peer, group=self.group, tag=_HANDSHAKE_TAG + 1)
+        self.check("receiver")
+
+
+class _SendAfterHandshake:
+    """A first message's send Work: `wait()` checks the receiver's answer, then waits the send."""
+
+    def __init__(self, handshake: _Handshake, works, payload):
+        self._handshake, self._works, self._payload = handshake, works, payload
+        self._error = None
+
+    def wait(self, timeout=None) -> bool:
+        if self._error is not None:
+            raise self._error
+        if self._works:
+            works, self._works = self._works, None
+            for w in works:
+                w.wait()
+            try:
+                self._handshake.check("sender")
+            except ValueError as e:  # the receiver refused: it will not receive the payload
+                self._error = e
+                raise
+        return self._payload.wait()
+
+    def is_completed(self) -> bool:
+        return self._works is None and self._error is None and self._payload.is_completed()
 
 
 def record_send(buffer: torch.Tensor, compressed: bool) -> None:
@@ -67,16 +270,16 @@ def record_send(buffer: torch.Tensor, compressed: bool) -> None:
 
 
 class _DecodeOnWait:
-    """A receive's Work: `wait()` waits for the wire buffer, then decompresses it (once)."""
+    """A receive's Work: `wait()` waits for the wire buffer, then checks and decompresses it (once)."""
 
-    def __init__(self, work, wire, tensor, config, backend):
-        self._work, self._wire, self._tensor, self._config, self._backend = work, wire, tensor, config, backend
+    def __init__(self, work, wire, tensor, message):
+        self._work, self._wire, self._tensor, self._message = work, wire, tensor, message
 
     def wait(self, timeout=None) -> bool:
         if self._wire is not None:
+            wire, self._wire = self._wire, None  # once: a gloo p2p Work waited twice blocks
             self._work.wait()
-            decode_into(self._wire, self._tensor, self._config, self._backend)
-            self._wire = None
+            self._message.decode(wire, self._tensor.detach().view(-1))
         return True
 
     def is_completed(self) -> bool:
@@ -84,22 +287,53 @@ class _DecodeOnWait:
 
 
 def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig | None = None, *,
-          min_bytes: int | None = None, backend: str = "auto"):
-    """Like `dist.isend` (dst is a global rank); compressed when `should_compress`."""
-    if should_compress(tensor, config, min_bytes, backend):
+          min_bytes: int | None = None, backend: str = "auto", check=None):
+    """Like `dist.isend` (dst is a global rank); compressed when `should_compress`.
+
+    The first message of each (peer, size, dtype, config), compressed or sent natively, is
+    preceded by a handshake that checks the receiver expects the same: ValueError at the
+    receiver's `irecv` and at this Work's `wait()` otherwise. Both ends must therefore use this
+    module's `isend` / `irecv` (a plain `dist.irecv` would never answer the handshake). `check` as in the collectives (False: no handshake, "always":
+    before every message); after the first message only the message's tag is checked, on the
+    device."""
+    compress = should_compress(tensor, config, min_bytes, backend)
+    sig = signature(tensor, config if compress else None)
+    handshake = works = None
+    if _needs_handshake(dst, group, sig, True, check):
+        nbytes = wire_like(tensor, config).numel() if compress else tensor.numel() * tensor.element_size()
+        handshake = _Handshake(dst, group, sig, tensor.device, nbytes)
+        works = handshake.send()
+    if compress:
         wire = encode(tensor, config, backend)
         record_send(wire, True)
-        return dist.isend(wire, dst, group=group)
-    record_send(tensor, False)
-    return dist.isend(tensor.contiguous(), dst, group=group)
+        work = dist.isend(wire, dst, group=group)
+    else:
+        record_send(tensor, False)
+        work = dist.isend(tensor.contiguous(), dst, group=group)
+    return work if handshake is None else _SendAfterHandshake(handshake, works, work)
 
 
 def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig | None = None, *,
-          min_bytes: int | None = None, backend: str = "auto"):
+          min_bytes: int | None = None, backend: str = "auto", check=None):
     """Like `dist.irecv` into `tensor`; the sender must pass the same config and min_bytes.
-    The returned Work's `wait()` leaves the decompressed message in `tensor`."""
+    The returned Work's `wait()` leaves the decompressed message in `tensor`.
+
+    Raises ValueError at call time, before any message is consumed, for a compressed message into
+    a non-contiguous tensor, or when the handshake (see `isend`) finds the sender disagrees (the
+    first compressed message of a signature from a peer waits here for the sender's isend). A
+    message whose tag does not match (a later mismatch) leaves NaN and raises ValueError at
+    `wait()` on CPU; on CUDA at a later compressed call or `taco_triton.check_errors()`."""
     _pg.guard_exit(tensor)
-    if should_compress(tensor, config, min_bytes, backend):
-        wire = wire_like(tensor, config)
-        return _DecodeOnWait(dist.irecv(wire, src, group=group), wire, tensor, config, backend)
+    compress = should_compress(tensor, config, min_bytes, backend)
+    if compress and not tensor.is_contiguous():
+        raise ValueError(f"taco_triton.p2p.irecv: a compressed message needs a contiguous tensor to decode into, got "
+                         f"shape {tuple(tensor.shape)} with strides {tensor.stride()}; nothing was received")
+    m = _message(tensor, config, backend) if compress else None
+    sig = m.sig if compress else signature(tensor, None)
+    if _needs_handshake(src, group, sig, False, check):
+        nbytes = m.nbytes if compress else tensor.numel() * tensor.element_size()
+        _Handshake(src, group, sig, tensor.device, nbytes).receive()
+    if compress:
+        wire = torch.empty(m.nbytes, dtype=torch.uint8, device=tensor.device)
+        return _DecodeOnWait(dist.irecv(wire, src, group=group), wire, tensor, m)
     return dist.irecv(tensor, src, group=group)

@@ -231,3 +231,25 @@ class Launch:
 def launch_meta(target: Target, dtype: torch.dtype, params: dict, **constexprs) -> dict:
     """Constexprs plus the target's flags and the launch options every kernel uses."""
     return {**constexprs, **target_flags(target, dtype), **params, "enable_fp_fusion": False}
+
+
+class Prepared:
+    """A `Launch` made ready for repeated calls: its grid and meta computed once, its arguments a
+    template in which a call replaces only those that change (`varying` positions).
+
+    A call of a prepared launch costs one Triton launch and a list copy: no layout, no launch
+    parameters, no grid lookup.
+    """
+
+    __slots__ = ("args", "fn", "grid", "launcher", "meta", "varying")
+
+    def __init__(self, launch: Launch, varying: tuple[int, ...]):
+        self.fn, self.grid, self.meta = launch.fn, launch.grid(), launch.meta
+        self.launcher = launch.fn[self.grid]  # Triton's launch bound to the grid, made once
+        self.args, self.varying = list(launch.args), varying
+
+    def __call__(self, *values):
+        args = self.args.copy()
+        for i, v in zip(self.varying, values):
+            args[i] = v
+        return self.launcher(*args, **self.meta)

@@ -21,6 +21,53 @@ from ._common import STOCHASTIC, codec_constexprs, hadamard_rows, load_tables, r
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import quantize_store, taco_prescale, tile_rows
+from .slots import (
+    A_OFF,
+    B_OFF,
+    DESC,
+    ELEM_OFF,
+    N_GROUPS,
+    N_SB,
+    N_TILES,
+    NBYTES,
+    NUMEL,
+    SLOT_END,
+    SLOT_OFF,
+    TAG,
+    TILE_BASE,
+    salt_in_kernel,
+    write_tag,
+)
+
+
+@triton.jit
+def _compress_tile(
+    x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
+    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr,
+    DUAL: tl.constexpr, ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Compress tile number `tile` of one tensor (both kernels below run this per tile)."""
+    ROWS: tl.constexpr = SBT * GPS
+    rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
+    x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0)
+    if not OP16:
+        x = x.to(tl.float32)
+    if DUAL:
+        pre = 1.0
+    else:  # TACO's RMS pre-scale (cancels mathematically; kept to reproduce its layout)
+        x = x.to(tl.float32)
+        xs = tl.where(x == x, x, 0.0)  # noqa: PLR0124 - x == x is False for NaN
+        finite = row_absmax(x) <= 3.4028234663852886e38
+        pre = taco_prescale(tl.div_rn(tl.sum(xs * xs, axis=1), G * 1.0), finite, CODE_MAX)
+        x = x * pre[:, None]
+    if HADAMARD:
+        y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC)
+    else:
+        y = x.to(tl.float32)
+    quantize_store(y, tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
+                   CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K)
 
 
 @triton.jit
@@ -30,46 +77,109 @@ def _compress_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    ROWS: tl.constexpr = SBT * GPS
+    h, h16 = h_ptr, h16_ptr
     if HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
-        x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0)
-        if not OP16:
-            x = x.to(tl.float32)
-        if DUAL:
-            pre = 1.0
-        else:  # TACO's RMS pre-scale (cancels mathematically; kept to reproduce its layout)
-            x = x.to(tl.float32)
-            xs = tl.where(x == x, x, 0.0)
-            finite = row_absmax(x) <= 3.4028234663852886e38
-            pre = taco_prescale(tl.div_rn(tl.sum(xs * xs, axis=1), G * 1.0), finite, CODE_MAX)
-            x = x * pre[:, None]
-        if HADAMARD:
-            y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC)
-        else:
-            y = x.to(tl.float32)
-        quantize_store(y, tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
-                       CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K)
+        _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
+                       G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
+                       OP16, DOT_PREC)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _compress_slots_kernel(
+    x_ptr, out_ptr, desc_ptr, h_ptr, h16_ptr, n_chunks, seed,
+    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
+    ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr,
+    ELEM_ALIGN: tl.constexpr = 1,
+):
+    """Compress n_chunks pieces of x, each into its slot of one wire buffer, and write each slot's
+    tag and zero padding: the whole send buffer of a collective's pipeline slice in one launch.
+
+    desc_ptr: the slots' descriptor rows (`slots.py`). Tiles are dealt to programs across chunks
+    (a chunk's tiles start where the previous chunk's ended), so small chunks do not all land on
+    the first programs. Chunk j's stochastic seed is `slots.salt(seed, j)` (the caller salts
+    `seed` with the rank, call and slice). ELEM_ALIGN: every piece starts at, and holds, a
+    multiple of this many elements (the launcher checks), so loads keep their vector width.
+    """
+    h, h16 = h_ptr, h16_ptr
+    if HADAMARD:
+        h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for j in range(n_chunks):
+        d = desc_ptr + j * DESC
+        elem_off = tl.load(d + ELEM_OFF)
+        if ELEM_ALIGN > 1:
+            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
+        slot_off = tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
+        slot = out_ptr + slot_off
+        n_tiles = tl.load(d + N_TILES)
+        numel = tl.load(d + NUMEL)
+        if ELEM_ALIGN > 1:  # the masks of whole vectors are uniform: loads and stores stay vectors
+            numel = tl.multiple_of(numel, ELEM_ALIGN)
+        n_groups = tl.load(d + N_GROUPS)
+        n_sb = tl.load(d + N_SB)
+        a_ptr = (slot + tl.multiple_of(tl.load(d + A_OFF), 4)).to(tl.pointer_type(tl.float32))
+        b_ptr = slot + tl.load(d + B_OFF)
+        if not DUAL:
+            b_ptr = (slot + tl.multiple_of(tl.load(d + B_OFF), 4)).to(tl.pointer_type(tl.float32))
+        chunk_seed = seed
+        if ROUND == STOCHASTIC:
+            chunk_seed = salt_in_kernel(seed, j)
+        first = (pid + nprog - tl.load(d + TILE_BASE) % nprog) % nprog
+        x_chunk = x_ptr + elem_off
+        for tile in range(first, n_tiles, nprog):
+            _compress_tile(x_chunk, slot, a_ptr, b_ptr, h, h16, tile, numel, n_groups, n_sb, chunk_seed,
+                           G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
+                           OP16, DOT_PREC)
+        if pid == j % nprog:
+            write_tag(slot, tl.load(d + NBYTES), tl.load(d + SLOT_END), tl.load(d + TAG))
+
+
+def _meta(x_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int) -> dict:
+    meta = launch_meta(
+        target, x_dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
+        **codec_constexprs(config.spec, code_address), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+        ROUND=int(STOCHASTIC) if config.stochastic else 0,
+    )
+    meta["OP16"] = target.compiled and x_dtype in (torch.bfloat16, torch.float16) and config.scales == "dual"
+    return meta
+
+
+def _tables(x_dtype, config: CompressionConfig, meta: dict, device):
+    return hadamard_tables(config.group_size, 0.5 / config.group_size, x_dtype if meta["OP16"] else torch.float32,
+                           device, shaped=device is None)
 
 
 def compress_launch(x, codes, a, b, numel: int, config: CompressionConfig, target: Target, params: dict,
                     device: torch.device | None = None) -> Launch:
     """The launch that compresses `numel` elements of x into (codes, a, b) (tensors or ShapedPointers)."""
     layout = WireLayout.of(numel, config)
-    op16 = target.compiled and x.dtype in (torch.bfloat16, torch.float16) and config.scales == "dual"
-    h, h16 = hadamard_tables(config.group_size, 0.5 / config.group_size,
-                             x.dtype if op16 else torch.float32, device, shaped=device is None)
+    meta = _meta(x.dtype, config, target, params, codes.data_ptr())
+    h, h16 = _tables(x.dtype, config, meta, device)
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
-    meta = launch_meta(
-        target, x.dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
-        **codec_constexprs(config.spec, codes.data_ptr()), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
-        ROUND=int(STOCHASTIC) if config.stochastic else 0,
-    )
-    meta["OP16"] = op16
     return Launch(_compress_kernel, n_tiles,
                   (x, codes, a, b, h, h16, numel, layout.n_groups, layout.n_superblocks, n_tiles, config.seed), meta, device)
+
+
+def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: CompressionConfig, target: Target,
+                          params: dict, device: torch.device | None = None, seed: int | None = None,
+                          elem_align: int = 1) -> Launch:
+    """The launch that compresses `n_slots` pieces of x into their slots of `out` (uint8 wire
+    buffer, slots 16-byte aligned), tags and padding included; `desc` the slots' descriptor table
+    (`slots.descriptors`), `n_tiles` their tiles in all, `seed` the salted seed (default: the
+    config's), `elem_align` a number of elements every piece's first element and size are
+    multiples of (16 keeps vector loads; 1 assumes nothing)."""
+    if config.scales != "dual" and config.group_size == 256 and params.get("num_warps", 4) < 8:
+        # bench/aot.py, sm_90: 4 warps hold 255 registers and spill 64 B here (8 warps: 207, none)
+        params = {**params, "num_warps": 8}
+    meta = _meta(x.dtype, config, target, params, out.data_ptr())
+    meta["ELEM_ALIGN"] = elem_align
+    h, h16 = _tables(x.dtype, config, meta, device)
+    return Launch(_compress_slots_kernel, n_tiles,
+                  (x, out, desc, h, h16, n_slots, config.seed if seed is None else seed), meta, device)
 
 
 def compress_triton(x: torch.Tensor, config: CompressionConfig, out: torch.Tensor | None = None) -> torch.Tensor:

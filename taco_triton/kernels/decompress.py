@@ -21,6 +21,48 @@ from ._common import codec_constexprs, decode_codes, hadamard_rows, load_codes, 
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, store_dense, tile_rows
+from .slots import (
+    A_OFF,
+    B_OFF,
+    DESC,
+    ELEM_OFF,
+    N_GROUPS,
+    N_SB,
+    N_TILES,
+    NBYTES,
+    NUMEL,
+    SLOT_OFF,
+    SRC,
+    TAG,
+    TILE_BASE,
+    read_tag,
+    record_error,
+)
+
+
+@triton.jit
+def _decompress_tile(
+    codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max, inf_above, bad,
+    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
+    PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr,
+    OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, CHECKED: tl.constexpr,
+):
+    """Decompress tile number `tile` of one wire buffer; CHECKED: all NaN where `bad` (a slot
+    whose tag did not match)."""
+    ROWS: tl.constexpr = SBT * GPS
+    rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
+    codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
+    sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
+    if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
+        vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32)
+        y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC) * (2.0 * sigma)[:, None]
+    else:
+        y = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
+    if not DUAL:
+        y = tl.div_rn(y, pre[:, None])
+    if CHECKED:
+        y = tl.where(bad, float("nan"), y)
+    store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
 
 
 @triton.jit
@@ -30,40 +72,104 @@ def _decompress_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
 ):
-    ROWS: tl.constexpr = SBT * GPS
+    h, h16 = h_ptr, h16_ptr
     if HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
-        codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
-        sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
-        if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
-            vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32)
-            y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC) * (2.0 * sigma)[:, None]
-        else:
-            y = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
+        _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max,
+                         inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
+                         OVERFLOW, False)
+
+
+@triton.jit(do_not_specialize=["k", "seq"])
+def _decompress_slots_kernel(
+    data_ptr, out_ptr, desc_ptr, err_ptr, h_ptr, h16_ptr, n_chunks, out_max, inf_above, k, seq,
+    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
+    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
+    ELEM_ALIGN: tl.constexpr = 1,
+):
+    """Decompress n_chunks slots of one received buffer into their pieces of out, in one launch.
+
+    Each slot's tag is checked first: a slot whose tag differs from the expected one (descriptor
+    TAG) decodes to all NaN and fills the error record at err_ptr with (slice k, the slot's
+    source, the tag found, the tag expected, call seq).
+    """
+    h, h16 = h_ptr, h16_ptr
+    if HADAMARD:
+        h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for j in range(n_chunks):
+        d = desc_ptr + j * DESC
+        slot = data_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
+        got = read_tag(slot, tl.load(d + NBYTES))
+        want = tl.load(d + TAG)
+        bad = got != want
+        if bad & (pid == 0):
+            record_error(err_ptr, k, tl.load(d + SRC), got, want, seq)
+        a_ptr = (slot + tl.multiple_of(tl.load(d + A_OFF), 4)).to(tl.pointer_type(tl.float32))
+        b_ptr = slot + tl.load(d + B_OFF)
         if not DUAL:
-            y = tl.div_rn(y, pre[:, None])
-        store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
+            b_ptr = (slot + tl.multiple_of(tl.load(d + B_OFF), 4)).to(tl.pointer_type(tl.float32))
+        elem_off = tl.load(d + ELEM_OFF)
+        if ELEM_ALIGN > 1:
+            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
+        out_chunk = out_ptr + elem_off
+        numel = tl.load(d + NUMEL)
+        if ELEM_ALIGN > 1:  # the masks of whole vectors are uniform: loads and stores stay vectors
+            numel = tl.multiple_of(numel, ELEM_ALIGN)
+        n_groups = tl.load(d + N_GROUPS)
+        n_sb = tl.load(d + N_SB)
+        n_tiles = tl.load(d + N_TILES)
+        first = (pid + nprog - tl.load(d + TILE_BASE) % nprog) % nprog
+        for tile in range(first, n_tiles, nprog):
+            _decompress_tile(slot, a_ptr, b_ptr, out_chunk, h, h16, tile, numel, n_groups, n_sb, out_max, inf_above,
+                             bad, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
+                             OVERFLOW, True)
+
+
+def _meta(out_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int,
+          inf_above: float) -> dict:
+    meta = launch_meta(
+        target, out_dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
+        **codec_constexprs(config.spec, code_address), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+        OVERFLOW=inf_above != math.inf,
+    )
+    meta["OP16"] = target.compiled
+    return meta
+
+
+def _tables(config: CompressionConfig, meta: dict, device):
+    return hadamard_tables(config.group_size, 1.0, torch.float16 if meta["OP16"] else torch.float32, device,
+                           shaped=device is None)
 
 
 def decompress_launch(codes, a, b, out, numel: int, config: CompressionConfig, target: Target, params: dict,
                       device: torch.device | None = None, inf_above: float = math.inf) -> Launch:
     """The launch that decompresses (codes, a, b) into `numel` elements of out (tensors or ShapedPointers)."""
     layout = WireLayout.of(numel, config)
-    op16 = target.compiled
-    h, h16 = hadamard_tables(config.group_size, 1.0, torch.float16 if op16 else torch.float32, device,
-                             shaped=device is None)
+    meta = _meta(out.dtype, config, target, params, codes.data_ptr(), inf_above)
+    h, h16 = _tables(config, meta, device)
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
-    meta = launch_meta(
-        target, out.dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
-        **codec_constexprs(config.spec, codes.data_ptr()), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
-        OVERFLOW=inf_above != math.inf,
-    )
-    meta["OP16"] = op16
     return Launch(_decompress_kernel, n_tiles,
                   (codes, a, b, out, h, h16, numel, layout.n_groups, layout.n_superblocks, n_tiles,
                    torch.finfo(out.dtype).max, inf_above), meta, device)
+
+
+def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int, config: CompressionConfig,
+                            target: Target, params: dict, device: torch.device | None = None,
+                            inf_above: float = math.inf, elem_align: int = 1) -> Launch:
+    """The launch that checks the tags of `n_slots` slots of `data` and decompresses each into its
+    piece of `out` (flat, contiguous); `desc` the slots' descriptor table, `errors` the
+    `slots.ErrorRecord` tensor. Runtime arguments k (slice) and seq (call) follow the constant ones:
+    `Launch.args` holds them as 0; `Prepared` passes them per call. `elem_align`: as in
+    `compress.compress_slots_launch`, for the pieces of `out`."""
+    meta = _meta(out.dtype, config, target, params, data.data_ptr(), inf_above)
+    meta["ELEM_ALIGN"] = elem_align
+    h, h16 = _tables(config, meta, device)
+    return Launch(_decompress_slots_kernel, n_tiles,
+                  (data, out, desc, errors, h, h16, n_slots, torch.finfo(out.dtype).max, inf_above, 0, 0), meta, device)
 
 
 def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig,

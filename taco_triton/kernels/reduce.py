@@ -19,25 +19,56 @@ import triton.language as tl
 from .. import alloc
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import STOCHASTIC, codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables, row_absmax
+from ._common import (
+    STOCHASTIC,
+    codec_constexprs,
+    decode_codes,
+    hadamard_rows,
+    load_codes,
+    load_tables,
+    row_absmax,
+)
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, quantize_store, store_dense, taco_prescale, tile_rows
+from .slots import read_tag, record_error, write_tag
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "k", "seq"])
 def _reduce_kernel(
     in_codes_ptr, in_a_ptr, in_b_ptr, stride_codes, stride_a, stride_b, n_ranks,
     out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, scale,
-    out_max, inf_above,
+    out_max, inf_above, err_ptr, tag_in, tag_out, tag_pos, tag_end, k, seq, a_off, b_off,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
-    DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
+    DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False,
 ):
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
+    bad = False
+    if TAGGED:  # slotted rows: every rank's row carries tag_in after its tag_pos wire bytes (slots.py)
+        # the scale regions are at byte offsets a_off, b_off of each row and of the output slot
+        in_a_ptr = (in_codes_ptr + tl.multiple_of(a_off, 4)).to(tl.pointer_type(tl.float32))
+        in_b_ptr = in_codes_ptr + b_off
+        if not DUAL:
+            in_b_ptr = (in_codes_ptr + tl.multiple_of(b_off, 4)).to(tl.pointer_type(tl.float32))
+        if not DENSE:
+            out_a_ptr = (out_codes_ptr + tl.multiple_of(a_off, 4)).to(tl.pointer_type(tl.float32))
+            out_b_ptr = out_codes_ptr + b_off
+            if not DUAL:
+                out_b_ptr = (out_codes_ptr + tl.multiple_of(b_off, 4)).to(tl.pointer_type(tl.float32))
+        pid = tl.program_id(0)
+        src = -1  # the first rank whose tag differs
+        for r in range(n_ranks):
+            src = tl.where((read_tag(in_codes_ptr + r * stride_codes, tag_pos) != tag_in) & (src < 0), r, src)
+        bad = src >= 0
+        if bad & (pid == 0):
+            record_error(err_ptr, k, src, read_tag(in_codes_ptr + src * stride_codes, tag_pos), tag_in, seq)
+        if not DENSE:  # noqa: SIM102 - a constexpr test, kept apart from the runtime one
+            if pid == 0:
+                write_tag(out_codes_ptr, tag_pos, tag_end, tag_out)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
         acc = tl.zeros([ROWS, G], dtype=tl.float32)
@@ -53,6 +84,8 @@ def _reduce_kernel(
             a_ptr += stride_a
             b_ptr += stride_b
         acc = acc * scale
+        if TAGGED:
+            acc = tl.where(bad, float("nan"), acc)
         if DENSE:
             if HADAMARD:
                 acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC) * 2.0
@@ -62,7 +95,7 @@ def _reduce_kernel(
                 pre_out = 1.0
             else:  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
                 finite = row_absmax(acc) <= 3.4028234663852886e38
-                accf = tl.where(acc == acc, acc, 0.0)
+                accf = tl.where(acc == acc, acc, 0.0)  # noqa: PLR0124 - False for NaN
                 ms = tl.div_rn(tl.sum(accf * accf, axis=1), G * 1.0)
                 if HADAMARD:
                     ms = ms * (4.0 * G)
@@ -84,8 +117,16 @@ def _row_views(bufs: torch.Tensor, layout: WireLayout):
 
 def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b, target_out, numel: int,
                   config: CompressionConfig, scale: float, dense: bool, target: Target, params: dict,
-                  device: torch.device | None = None, inf_above: float = math.inf) -> Launch:
-    """The launch that sums n_ranks wire buffers (element strides `strides` of codes, a, b per rank)."""
+                  device: torch.device | None = None, inf_above: float = math.inf, tags=None) -> Launch:
+    """The launch that sums n_ranks wire buffers (element strides `strides` of codes, a, b per rank).
+
+    tags: None, or (errors, tag_in, tag_out, slot_end) for the collectives' slotted buffers: each
+    rank's row carries tag_in after its wire bytes, checked on the device (a mismatch makes the
+    sum NaN and fills the `slots.ErrorRecord` tensor `errors`); the compressed sum gets tag_out and
+    zero padding up to slot_end. The kernel then finds the scale regions itself, at their byte
+    offsets in each row (and in the output slot): in_a, in_b (o_a, o_b) may be the uint8 rows
+    (the output slot) themselves, so a call needs no views. The last two arguments, k (slice) and seq (call), name the call
+    in an error record (0 here; the collectives pass theirs per call)."""
     layout = WireLayout.of(numel, config)
     code_addresses = (in_c.data_ptr(), strides[0]) + (() if dense else (o_c.data_ptr(),))
     h, h16 = hadamard_tables(config.group_size, 1.0, torch.float32, device, shaped=device is None)
@@ -96,9 +137,13 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
         ROUND=int(STOCHASTIC) if config.stochastic else 0, DENSE=dense, OVERFLOW=inf_above != math.inf,
     )
     out_max = torch.finfo(target_out.dtype).max if dense else 0.0
+    errors, tag_in, tag_out, tag_end = (target_out, 0, 0, 0) if tags is None else tags
+    if tags is not None:
+        meta["TAGGED"] = True
     return Launch(_reduce_kernel, n_tiles,
                   (in_c, in_a, in_b, *strides, n_ranks, o_c, o_a, o_b, target_out, h, h16, numel, layout.n_groups,
-                   layout.n_superblocks, n_tiles, config.seed, scale, out_max, inf_above), meta, device)
+                   layout.n_superblocks, n_tiles, config.seed, scale, out_max, inf_above, errors, tag_in, tag_out,
+                   layout.nbytes, tag_end, 0, 0, layout.scale_a_offset, layout.scale_b_offset), meta, device)
 
 
 def reduce_triton(

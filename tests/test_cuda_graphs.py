@@ -1,0 +1,119 @@
+"""Compressed collectives and p2p captured in CUDA graphs and replayed: the same bytes as eager,
+no host synchronization in the steady state (`torch.cuda.set_sync_debug_mode("error")`).
+
+One GPU cannot run two NCCL ranks, so these run the compressed path on a group of one rank
+(TACO_TRITON_COMPRESS_SINGLE_RANK=1, a switch for tests only): the codec, the tags, the batched
+launches and the collectives themselves, as on more ranks. p2p sends to itself.
+"""
+import contextlib
+import os
+
+import pytest
+import torch
+
+import taco_triton as taco
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="CUDA graphs need a CUDA device (run by bench/gpu_check.sh)")
+
+
+@pytest.fixture(scope="module")
+def one_rank_nccl(tmp_path_factory):
+    import torch.distributed as dist
+
+    os.environ["TACO_TRITON_COMPRESS_SINGLE_RANK"] = "1"
+    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    yield
+    dist.destroy_process_group()
+    del os.environ["TACO_TRITON_COMPRESS_SINGLE_RANK"]
+
+
+@contextlib.contextmanager
+def no_sync():
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def _issue(kind, n, pipeline):
+    g = torch.Generator(device="cuda").manual_seed(7)
+    kw = {"min_bytes": 0, "pipeline": pipeline}
+    if kind == "all_reduce":
+        src = torch.randn(n, device="cuda", generator=g).bfloat16()
+        x = torch.empty_like(src)
+
+        def run():
+            x.copy_(src)
+            taco.all_reduce(x, **kw)
+        return run, x
+    if kind == "reduce_scatter":
+        inp = torch.randn(n, device="cuda", generator=g).bfloat16()
+        out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+        return (lambda: taco.reduce_scatter(out, inp, **kw)), out
+    shard = torch.randn(n, device="cuda", generator=g).bfloat16()
+    out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+    return (lambda: taco.all_gather(out, shard, **kw)), out
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("pipeline", [1, 2])
+def test_collective_replays_the_eager_bytes_without_host_sync(one_rank_nccl, kind, pipeline):
+    run, out = _issue(kind, 3 * 8192 + 5, pipeline)
+    run()  # first call: plan, tables, compilation
+    torch.cuda.synchronize()
+    with no_sync():
+        run()  # steady state, eager
+    torch.cuda.synchronize()
+    eager = out.clone()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # warm on the capture stream
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            run()
+    out.zero_()
+    with no_sync():
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
+    taco.check_errors()
+
+
+def test_p2p_to_itself_replays_the_eager_bytes(one_rank_nccl):
+    from taco_triton.collectives import p2p
+
+    cfg = taco.CompressionConfig()
+    x = torch.randn(3 * 8192 + 5, device="cuda").bfloat16()
+    got = torch.empty_like(x)
+
+    def run():
+        wire = p2p.encode(x, cfg)
+        p2p.decode_into(wire, got, cfg)  # the receiving half of a message (the wire as received)
+
+    run()
+    torch.cuda.synchronize()
+    with no_sync():
+        run()
+    torch.cuda.synchronize()
+    eager = got.clone()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            run()
+    got.zero_()
+    with no_sync():
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got.view(torch.int16), eager.view(torch.int16))
+    assert torch.equal(eager, taco.decompress(taco.compress(x, cfg)))
+    taco.check_errors()
