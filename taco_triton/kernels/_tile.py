@@ -40,10 +40,11 @@ def aligned_split(numel: int) -> int:
     of 8-element runs are not provably uniform and the dense loads and stores become scalar
     accesses (bench/aot.py: gfx942 decompress 26.4% -> 21.8% of copy bandwidth). So such a size
     runs as a main launch over its whole tiles (`numel // TILE_ELEMS * TILE_ELEMS` elements, a
-    multiple of 16: vector accesses) and a one-program launch over the last, partial tile. Both
-    launches take the same pointers and the global element indices (the tail's loop starts at its
-    tile number), so every tile, its masks and its stochastic random stream are those of one
-    launch over everything: the bytes are the same. Aligned sizes and sizes under one tile: 0.
+    multiple of 16: vector accesses) and a one-program launch over the last, partial tile (its own
+    specialization, constexpr TAIL: it runs that one tile number, no loop, so the main launch
+    compiles exactly as a plain one). Both take the same pointers and the global element indices,
+    so every tile, its masks and its stochastic random stream are those of one launch over
+    everything: the bytes are the same. Aligned sizes and sizes under one tile: 0.
     """
     if numel % 16 == 0 or numel < TILE_ELEMS:
         return 0

@@ -75,16 +75,20 @@ def _compress_kernel(
     x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, tile0,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr = False,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
-    # tiles tile0 .. n_tiles - 1 (tile0 > 0: the tail launch of `aligned_split`)
-    for tile in range(tile0 + tl.program_id(0), n_tiles, tl.num_programs(0)):
-        _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
+    if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
+        _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile0, numel, n_groups, n_sb, seed,
                        G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
                        OP16, DOT_PREC)
+    else:
+        for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+            _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
+                           G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
+                           OP16, DOT_PREC)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -177,7 +181,7 @@ def compress_launches(x, codes, a, b, numel: int, config: CompressionConfig, tar
     return (Launch(_compress_kernel, t0, (x, codes, a, b, h, h16, main, main // config.group_size,
                                           main // SUPERBLOCK_ELEMS, t0, config.seed, 0), meta, device),
             Launch(_compress_kernel, 1, (x, codes, a, b, h, h16, numel, layout.n_groups, layout.n_superblocks,
-                                         n_tiles, config.seed, t0), meta, device))
+                                         n_tiles, config.seed, t0), {**meta, "TAIL": True}, device))
 
 
 def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: CompressionConfig, target: Target,

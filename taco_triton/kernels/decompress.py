@@ -71,16 +71,20 @@ def _decompress_kernel(
     tile0,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
+    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAIL: tl.constexpr = False,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
-    # tiles tile0 .. n_tiles - 1 (tile0 > 0: the tail launch of `aligned_split`)
-    for tile in range(tile0 + tl.program_id(0), n_tiles, tl.num_programs(0)):
-        _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max,
+    if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
+        _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile0, numel, n_groups, n_sb, out_max,
                          inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
                          OVERFLOW, False)
+    else:
+        for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+            _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max,
+                             inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
+                             OVERFLOW, False)
 
 
 @triton.jit(do_not_specialize=["k", "seq"])
@@ -172,7 +176,7 @@ def decompress_launches(codes, a, b, out, numel: int, config: CompressionConfig,
     return (Launch(_decompress_kernel, t0, (codes, a, b, out, h, h16, main, main // config.group_size,
                                             main // SUPERBLOCK_ELEMS, t0, top, inf_above, 0), meta, device),
             Launch(_decompress_kernel, 1, (codes, a, b, out, h, h16, numel, layout.n_groups, layout.n_superblocks,
-                                           n_tiles, top, inf_above, t0), meta, device))
+                                           n_tiles, top, inf_above, t0), {**meta, "TAIL": True}, device))
 
 
 def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int, config: CompressionConfig,
