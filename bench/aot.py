@@ -202,6 +202,45 @@ def variants(which: str) -> list[Variant]:
     return out + odd
 
 
+def build_launches(v: Variant, gpu: GPU) -> tuple:
+    """The launches the library issues for this variant on this GPU: compress and decompress of a
+    size that is not a multiple of 16 run as an aligned main launch plus a one-program tail
+    (`taco_triton.kernels._tile.aligned_split`); everything else is one launch."""
+    from taco_triton.kernels._launch import ShapedPointer as P, Target
+
+    target = Target(gpu.backend, gpu.arch, gpu.warp)
+    params = {"num_warps": v.num_warps, "num_stages": v.num_stages}
+    u8, f32 = P(torch.uint8), P(torch.float32)
+    scale_b = u8 if v.config.scales == "dual" else f32
+    if v.kernel == "compress":
+        from taco_triton.kernels.compress import compress_launches
+
+        return compress_launches(P(DTYPES[v.dtype]), u8, f32, scale_b, v.numel, v.config, target, params)
+    if v.kernel == "decompress":
+        from taco_triton.kernels.decompress import decompress_launches
+
+        return decompress_launches(u8, f32, scale_b, P(DTYPES[v.dtype]), v.numel, v.config, target, params)
+    return (build_launch(v, gpu),)
+
+
+def combine(parts: list[tuple[int, dict]]) -> dict:
+    """One analysis of launches issued in turn, from (tiles, analysis) per launch: the loop's
+    instructions and matrix work per tile are the tile-weighted mean (a partial tail tile counts
+    as a whole one, so this slightly overstates the tail); registers, shared memory and occupancy
+    are the main (first) launch's; spills and slow-path calls the largest of any launch."""
+    if len(parts) == 1:
+        return parts[0][1]
+    total = sum(n for n, _ in parts)
+    out = dict(parts[0][1])
+    out["instr_per_tile"] = sum(n * a["instr_per_tile"] for n, a in parts) / total
+    out["slow_instr_per_tile"] = sum(n * a["slow_instr_per_tile"] for n, a in parts) / total
+    out["mma"] = [(f, w * n / total) for n, a in parts for f, w in a["mma"]]
+    out["static_instr"] = sum(a["static_instr"] for _, a in parts)
+    out["spill_bytes"] = max(a["spill_bytes"] for _, a in parts)
+    out["slow_calls_per_tile"] = max(a["slow_calls_per_tile"] for _, a in parts)
+    return out
+
+
 def build_launch(v: Variant, gpu: GPU):
     """The Launch the library would issue for this variant on this GPU (arguments as ShapedPointers)."""
     from taco_triton.kernels._launch import ShapedPointer as P, Target
@@ -455,8 +494,11 @@ def evaluate(v: Variant, target: str) -> dict:
     gpu = TARGETS[target]
     row = {**v.row(), "target": target, "gpu_model": gpu.name, "ok": False, "error": ""}
     try:
-        k = compile_launch(build_launch(v, gpu), gpu)
-        a = analyze_cuda(k, gpu) if gpu.backend == "cuda" else analyze_hip(k, gpu)
+        parts = []
+        for launch in build_launches(v, gpu):
+            k = compile_launch(launch, gpu)
+            parts.append((launch.n_tiles, analyze_cuda(k, gpu) if gpu.backend == "cuda" else analyze_hip(k, gpu)))
+        a = combine(parts)
     except Exception as e:  # the exact error is the result: the innermost cause says what failed
         while e.__cause__ is not None or e.__context__ is not None:
             e = e.__cause__ or e.__context__
@@ -464,7 +506,7 @@ def evaluate(v: Variant, target: str) -> dict:
         row["error"] = f"{type(e).__name__}: {msg[-1] if msg else ''}"[:400]
         return row
     row.update(ok=True, regs=a["regs"], spill_bytes=a["spill_bytes"], smem_bytes=a["smem_bytes"] + a["smem_dynamic"],
-               static_instr=a["static_instr"], **model(v, gpu, a))
+               static_instr=a["static_instr"], launches=len(parts), **model(v, gpu, a))
     return row
 
 

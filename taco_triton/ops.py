@@ -191,11 +191,23 @@ def compress_eager(x: torch.Tensor, config: CompressionConfig, backend: str = "a
     return prep(x)
 
 
+def _in_turn(preps):
+    """One call that runs prepared launches in order with the same arguments (an aligned main
+    launch and its tail: `kernels._tile.aligned_split`)."""
+    first, second = preps
+
+    def run(*args):
+        first(*args)
+        second(*args)
+
+    return run
+
+
 def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
     if _backend_of(backend, x.device) != "triton":
         return lambda x: reference.compress_reference(x, config)
     from .kernels._launch import Prepared, launch_params, target_of
-    from .kernels.compress import compress_launch
+    from .kernels.compress import compress_launches
 
     layout = WireLayout.of(x.numel(), config)
     nbytes, device = layout.nbytes, x.device
@@ -203,8 +215,10 @@ def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
         return lambda x: alloc.empty(nbytes, torch.uint8, device)
     data = alloc.empty(nbytes, torch.uint8, device)
     codes, a, b = layout.split(data)
-    prep = Prepared(compress_launch(x, codes, a, b, x.numel(), config, target_of(device),
-                                    launch_params("compress", device, x.dtype, config, x.numel()), device), (0, 1, 2, 3))
+    preps = [Prepared(launch, (0, 1, 2, 3)) for launch in compress_launches(
+        x, codes, a, b, x.numel(), config, target_of(device), launch_params("compress", device, x.dtype, config, x.numel()),
+        device)]
+    prep = preps[0] if len(preps) == 1 else _in_turn(preps)
     a0, b0, codes_shape = layout.scale_a_offset, layout.scale_b_offset, (layout.n_groups, layout.code_bytes)
     b_f32 = config.scales != "dual"
 
@@ -234,16 +248,17 @@ def _prepare_decompress(data, out, config: CompressionConfig, backend: str, inf_
             out.view(-1).copy_(reference.decompress_reference(data, out.numel(), config, out.dtype, inf_above))
         return ref
     from .kernels._launch import Prepared, launch_params, target_of
-    from .kernels.decompress import decompress_launch
+    from .kernels.decompress import decompress_launches
 
     layout = WireLayout.of(out.numel(), config)
     if layout.n_groups == 0:
         return lambda data, out: None
     codes, a, b = layout.split(data)
     device = out.device
-    prep = Prepared(decompress_launch(codes, a, b, out, out.numel(), config, target_of(device),
-                                      launch_params("decompress", device, out.dtype, config, out.numel()), device,
-                                      inf_above), (0, 1, 2, 3))
+    preps = [Prepared(launch, (0, 1, 2, 3)) for launch in decompress_launches(
+        codes, a, b, out, out.numel(), config, target_of(device),
+        launch_params("decompress", device, out.dtype, config, out.numel()), device, inf_above)]
+    prep = preps[0] if len(preps) == 1 else _in_turn(preps)
     a0, b0, codes_shape = layout.scale_a_offset, layout.scale_b_offset, (layout.n_groups, layout.code_bytes)
     b_f32 = config.scales != "dual"
 

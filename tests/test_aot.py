@@ -136,3 +136,26 @@ def test_dot_precision_parser_reads_default_and_explicit_precisions():
         "%w = tt.dot %a, %b, %c : tensor<64x128xbf16> * tensor<128x128xbf16> -> tensor<64x128xf32>",
     ])
     assert aot.dot_precisions(ttir) == [("f32", "tf32"), ("f32", "tf32x3"), ("bf16", "ieee")]
+
+
+def test_odd_sizes_are_modelled_as_the_aligned_main_launch_and_its_tail():
+    """A compress or decompress of a size that is not a multiple of 16 runs as two launches
+    (`kernels._tile.aligned_split`); the model builds both and weighs each loop by its tiles."""
+    from taco_triton.config import CompressionConfig
+
+    aot = _aot_module()
+    gpu = aot.TARGETS["sm_90"]
+    for kernel in ("compress", "decompress"):
+        main, tail = aot.build_launches(aot.Variant(kernel, CompressionConfig(), "bf16", 4, 2, aot.ODD_NUMEL), gpu)
+        assert main.args[6] == aot.ODD_NUMEL // 8192 * 8192 and main.args[6] % 16 == 0 and "TAIL" not in main.meta
+        assert tail.args[6] == aot.ODD_NUMEL and tail.meta["TAIL"] and tail.n_tiles == 1
+        assert len(aot.build_launches(aot.Variant(kernel, CompressionConfig(), "bf16", 4, 2), gpu)) == 1
+    a = {"instr_per_tile": 100.0, "slow_instr_per_tile": 0.0, "mma": [((8, "16"), 2.0)], "static_instr": 50,
+         "spill_bytes": 0, "slow_calls_per_tile": 1, "regs": 128}
+    b = {**a, "instr_per_tile": 500.0, "slow_instr_per_tile": 40.0, "spill_bytes": 8, "slow_calls_per_tile": 3,
+         "regs": 200}
+    got = aot.combine([(3, a), (1, b)])
+    assert got["instr_per_tile"] == 200.0 and got["slow_instr_per_tile"] == 10.0
+    assert got["mma"] == [((8, "16"), 1.5), ((8, "16"), 0.5)] and got["static_instr"] == 100
+    assert got["spill_bytes"] == 8 and got["slow_calls_per_tile"] == 3 and got["regs"] == 128
+    assert aot.combine([(5, a)]) is a

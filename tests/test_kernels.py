@@ -209,6 +209,45 @@ def test_int6_codes_move_as_words_when_aligned_and_as_bytes_otherwise():
     assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("cfg", [taco.CompressionConfig(rounding="stochastic", seed=9),
+                                 taco.CompressionConfig(codec="int8", hadamard=False, rounding="stochastic", seed=4),
+                                 taco.CompressionConfig(codec="int6", group_size=32, hadamard=False),
+                                 taco.CompressionConfig(scales="taco_fp32x2", group_size=512)], ids=cfg_id)
+def test_unaligned_size_runs_as_aligned_launch_and_tail_with_the_same_bytes(cfg):
+    """A size that is not a multiple of 16 runs as an aligned main launch over the whole tiles
+    plus a one-program tail; its wire bytes and decompressed values equal those of one launch over
+    everything (stochastic rounding included: the tail draws the random bits of its global
+    indices), and without Hadamard the reference's bytes."""
+    from taco_triton.kernels._launch import heuristic, target_of
+    from taco_triton.kernels._tile import TILE_ELEMS, aligned_split
+    from taco_triton.kernels.compress import compress_launch, compress_launches
+    from taco_triton.kernels.decompress import decompress_launch, decompress_launches
+
+    numel = TILE_ELEMS + 37
+    assert aligned_split(numel) == TILE_ELEMS and aligned_split(2 * TILE_ELEMS) == 0 and aligned_split(TILE_ELEMS - 1) == 0
+    x = make_input("outliers", (numel,), torch.float32, seed=6).to(DEVICE)
+    lay = WireLayout.of(numel, cfg)
+    target = target_of(x.device)
+    args = (cfg, target, heuristic("compress", cfg), x.device)
+    assert len(compress_launches(x, *lay.split(torch.empty(lay.nbytes, dtype=torch.uint8, device=DEVICE)), numel, *args)) == 2
+    split = taco.compress(x, cfg, backend="triton").data  # the eager path: main launch and tail
+    one = torch.empty_like(split)
+    compress_launch(x, *lay.split(one), numel, *args).run()
+    assert torch.equal(split, one)
+    if not cfg.hadamard:
+        assert torch.equal(split.cpu(), ref.compress_reference(x.cpu(), cfg))
+
+    dargs = (cfg, target, heuristic("decompress", cfg), x.device)
+    outs = [torch.full_like(x, float("nan")) for _ in range(2)]
+    launches = decompress_launches(*lay.split(split), outs[0], numel, *dargs)
+    assert len(launches) == 2
+    for launch in launches:
+        launch.run()
+    decompress_launch(*lay.split(split), outs[1], numel, *dargs).run()
+    assert not bool(outs[0].isnan().any()) and torch.equal(outs[0], outs[1])
+    assert torch.equal(taco.decompress(taco.Compressed(split, x.shape, x.dtype, cfg), backend="triton"), outs[1])
+
+
 @pytest.mark.parametrize("g", [256, 512])
 @pytest.mark.parametrize("kind", ["constant", "random_sign"])
 def test_two_stage_hadamard_of_values_near_the_fp32_maximum_stays_finite(g, kind):

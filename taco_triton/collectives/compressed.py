@@ -703,7 +703,16 @@ def reduce_scatter(
     backend: str = "auto", check: bool | None = None,
 ):
     """Like `dist.reduce_scatter_tensor`: `input` is P equal slices along dim 0 (flattened),
-    rank r's `output` gets the reduction of every rank's slice r. Arguments as in `all_reduce`."""
+    rank r's `output` gets the reduction of every rank's slice r. Arguments as in `all_reduce`.
+
+    Overflow: a sum that overflows the output dtype is +-inf, as in `all_reduce`, with one
+    exception. The ranks' values are summed in FP32 in the transformed domain, then transformed
+    back; a group whose FP32 sum overflows there (only possible for bf16 and FP32 tensors whose
+    values in that group approach 2 * 3.4e38 / P in magnitude; never for fp16) comes out NaN in
+    all its elements on NVIDIA GPUs, whose FP32 transform splits its operands into bf16 pieces
+    (Inf - Inf is NaN). On AMD GPUs and on CPU such a group's elements are +-inf, or NaN where
+    infinities of both signs meet in the transform.
+    """
     if not _member(group):
         return None
     output, input = _detached(output, input)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..config import SUPERBLOCK_ELEMS
 from ._common import (
     FLT_MAX,
     STOCHASTIC,
@@ -25,6 +26,29 @@ from ._common import (
     store_codes,
     to_out_dtype,
 )
+from ._tables import SB_PER_TILE
+
+
+#: Elements of a tile (SB_PER_TILE super-blocks, the same for every G).
+TILE_ELEMS = SB_PER_TILE * SUPERBLOCK_ELEMS
+
+
+def aligned_split(numel: int) -> int:
+    """Elements of the aligned main launch of a single-tensor launcher, 0 for one launch.
+
+    Triton specializes a launch on whether `numel` is a multiple of 16; when it is not, the masks
+    of 8-element runs are not provably uniform and the dense loads and stores become scalar
+    accesses (bench/aot.py: gfx942 decompress 26.4% -> 21.8% of copy bandwidth). So such a size
+    runs as a main launch over its whole tiles (`numel // TILE_ELEMS * TILE_ELEMS` elements, a
+    multiple of 16: vector accesses) and a one-program launch over the last, partial tile (its own
+    specialization, constexpr TAIL: it runs that one tile number, no loop, so the main launch
+    compiles exactly as a plain one). Both take the same pointers and the global element indices,
+    so every tile, its masks and its stochastic random stream are those of one launch over
+    everything: the bytes are the same. Aligned sizes and sizes under one tile: 0.
+    """
+    if numel % 16 == 0 or numel < TILE_ELEMS:
+        return 0
+    return numel // TILE_ELEMS * TILE_ELEMS
 
 
 @triton.jit

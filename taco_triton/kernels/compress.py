@@ -20,7 +20,7 @@ from ..layout import WireLayout
 from ._common import STOCHASTIC, codec_constexprs, hadamard_rows, load_tables, row_absmax
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
-from ._tile import quantize_store, taco_prescale, tile_rows
+from ._tile import TILE_ELEMS, aligned_split, quantize_store, taco_prescale, tile_rows
 from .slots import (
     A_OFF,
     B_OFF,
@@ -70,20 +70,25 @@ def _compress_tile(
                    CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tile0"])
 def _compress_kernel(
-    x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed,
+    x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, tile0,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr = False,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
-    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
+    if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
+        _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile0, numel, n_groups, n_sb, seed,
                        G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
                        OP16, DOT_PREC)
+    else:
+        for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+            _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
+                           G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
+                           OP16, DOT_PREC)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -156,12 +161,27 @@ def _tables(x_dtype, config: CompressionConfig, meta: dict, device):
 def compress_launch(x, codes, a, b, numel: int, config: CompressionConfig, target: Target, params: dict,
                     device: torch.device | None = None) -> Launch:
     """The launch that compresses `numel` elements of x into (codes, a, b) (tensors or ShapedPointers)."""
+    return compress_launches(x, codes, a, b, numel, config, target, params, device, split=False)[0]
+
+
+def compress_launches(x, codes, a, b, numel: int, config: CompressionConfig, target: Target, params: dict,
+                      device: torch.device | None = None, split: bool = True) -> tuple[Launch, ...]:
+    """The launches that compress `numel` elements of x into (codes, a, b): one, or with `split`
+    and a size that is not a multiple of 16, an aligned main launch and a one-program tail
+    (`_tile.aligned_split`). All take the same pointer arguments (positions 0-3)."""
     layout = WireLayout.of(numel, config)
     meta = _meta(x.dtype, config, target, params, codes.data_ptr())
     h, h16 = _tables(x.dtype, config, meta, device)
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
-    return Launch(_compress_kernel, n_tiles,
-                  (x, codes, a, b, h, h16, numel, layout.n_groups, layout.n_superblocks, n_tiles, config.seed), meta, device)
+    main = aligned_split(numel) if split else 0
+    if main == 0:
+        return (Launch(_compress_kernel, n_tiles, (x, codes, a, b, h, h16, numel, layout.n_groups,
+                                                   layout.n_superblocks, n_tiles, config.seed, 0), meta, device),)
+    t0 = main // TILE_ELEMS
+    return (Launch(_compress_kernel, t0, (x, codes, a, b, h, h16, main, main // config.group_size,
+                                          main // SUPERBLOCK_ELEMS, t0, config.seed, 0), meta, device),
+            Launch(_compress_kernel, 1, (x, codes, a, b, h, h16, numel, layout.n_groups, layout.n_superblocks,
+                                         n_tiles, config.seed, t0), {**meta, "TAIL": True}, device))
 
 
 def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: CompressionConfig, target: Target,
@@ -192,5 +212,6 @@ def compress_triton(x: torch.Tensor, config: CompressionConfig, out: torch.Tenso
         return data
     codes, a, b = layout.split(data)
     params = launch_params("compress", x.device, x.dtype, config, x.numel())
-    compress_launch(x, codes, a, b, x.numel(), config, target_of(x.device), params, x.device).run()
+    for launch in compress_launches(x, codes, a, b, x.numel(), config, target_of(x.device), params, x.device):
+        launch.run()
     return data

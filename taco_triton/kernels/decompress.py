@@ -20,7 +20,7 @@ from ..layout import WireLayout
 from ._common import codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
-from ._tile import load_scales, store_dense, tile_rows
+from ._tile import TILE_ELEMS, aligned_split, load_scales, store_dense, tile_rows
 from .slots import (
     A_OFF,
     B_OFF,
@@ -65,20 +65,26 @@ def _decompress_tile(
     store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tile0"])
 def _decompress_kernel(
     codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, out_max, inf_above,
+    tile0,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
+    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAIL: tl.constexpr = False,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
-    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max,
+    if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
+        _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile0, numel, n_groups, n_sb, out_max,
                          inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
                          OVERFLOW, False)
+    else:
+        for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+            _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max,
+                             inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
+                             OVERFLOW, False)
 
 
 @triton.jit(do_not_specialize=["k", "seq"])
@@ -148,13 +154,29 @@ def _tables(config: CompressionConfig, meta: dict, device):
 def decompress_launch(codes, a, b, out, numel: int, config: CompressionConfig, target: Target, params: dict,
                       device: torch.device | None = None, inf_above: float = math.inf) -> Launch:
     """The launch that decompresses (codes, a, b) into `numel` elements of out (tensors or ShapedPointers)."""
+    return decompress_launches(codes, a, b, out, numel, config, target, params, device, inf_above, split=False)[0]
+
+
+def decompress_launches(codes, a, b, out, numel: int, config: CompressionConfig, target: Target, params: dict,
+                        device: torch.device | None = None, inf_above: float = math.inf,
+                        split: bool = True) -> tuple[Launch, ...]:
+    """The launches that decompress (codes, a, b) into `numel` elements of out: one, or with
+    `split` and a size that is not a multiple of 16, an aligned main launch and a one-program
+    tail (`_tile.aligned_split`). All take the same pointer arguments (positions 0-3)."""
     layout = WireLayout.of(numel, config)
     meta = _meta(out.dtype, config, target, params, codes.data_ptr(), inf_above)
     h, h16 = _tables(config, meta, device)
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
-    return Launch(_decompress_kernel, n_tiles,
-                  (codes, a, b, out, h, h16, numel, layout.n_groups, layout.n_superblocks, n_tiles,
-                   torch.finfo(out.dtype).max, inf_above), meta, device)
+    top = torch.finfo(out.dtype).max
+    main = aligned_split(numel) if split else 0
+    if main == 0:
+        return (Launch(_decompress_kernel, n_tiles, (codes, a, b, out, h, h16, numel, layout.n_groups,
+                                                     layout.n_superblocks, n_tiles, top, inf_above, 0), meta, device),)
+    t0 = main // TILE_ELEMS
+    return (Launch(_decompress_kernel, t0, (codes, a, b, out, h, h16, main, main // config.group_size,
+                                            main // SUPERBLOCK_ELEMS, t0, top, inf_above, 0), meta, device),
+            Launch(_decompress_kernel, 1, (codes, a, b, out, h, h16, numel, layout.n_groups, layout.n_superblocks,
+                                           n_tiles, top, inf_above, t0), {**meta, "TAIL": True}, device))
 
 
 def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int, config: CompressionConfig,
@@ -183,5 +205,7 @@ def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: Compression
         return out
     codes, a, b = layout.split(data)
     params = launch_params("decompress", out.device, out.dtype, config, out.numel())
-    decompress_launch(codes, a, b, out, out.numel(), config, target_of(out.device), params, out.device, inf_above).run()
+    for launch in decompress_launches(codes, a, b, out, out.numel(), config, target_of(out.device), params, out.device,
+                                      inf_above):
+        launch.run()
     return out
