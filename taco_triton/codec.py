@@ -93,7 +93,7 @@ def decompress(c: Compressed, *, out: torch.Tensor | None = None, backend: str =
     if not isinstance(c, Compressed):
         raise TypeError(f"decompress expects a Compressed, got {type(c).__name__}")
     numel = c.numel
-    expected = WireLayout.of(numel, c.config).nbytes
+    expected = ops.wire_nbytes(numel, c.config)
     if c.data.dtype != torch.uint8 or c.data.dim() != 1 or c.data.numel() != expected:
         raise ValueError(
             f"Compressed.data must be 1-D uint8 with {expected} bytes for shape {tuple(c.shape)}, got "

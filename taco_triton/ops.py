@@ -175,20 +175,31 @@ def _backend_of(backend: str, device: torch.device) -> str:
     return got
 
 
-def _remember(key, prep):
+# Keys hold id(config), not the config (hashing a frozen dataclass hashes all its fields on every
+# call); the entry keeps the config itself alive, so its id cannot be reused by another object.
+def _remember(key, config, prep):
     if len(_eager) >= _MAX_EAGER:
         _eager.clear()
-    _eager[key] = prep
+    _eager[key] = (config, prep)
     return prep
+
+
+def wire_nbytes(numel: int, config: CompressionConfig) -> int:
+    """`WireLayout.of(numel, config).nbytes`, remembered per (numel, config object)."""
+    key = ("nbytes", numel, id(config))
+    entry = _eager.get(key)
+    if entry is None:
+        return _remember(key, config, WireLayout.of(numel, config).nbytes)
+    return entry[1]
 
 
 def compress_eager(x: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
     """The wire buffer of contiguous `x` (what `compress_op` returns), without dispatch layers."""
-    key = ("compress", x.numel(), config, x.dtype, x.device, backend)
-    prep = _eager.get(key)
-    if prep is None:
-        prep = _remember(key, _prepare_compress(x, config, backend))
-    return prep(x)
+    key = ("compress", x.numel(), id(config), x.dtype, x.device, backend)
+    entry = _eager.get(key)
+    if entry is None:
+        return _remember(key, config, _prepare_compress(x, config, backend))(x)
+    return entry[1](x)
 
 
 def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
@@ -205,13 +216,17 @@ def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
     codes, a, b = layout.split(data)
     prep = Prepared(compress_launch(x, codes, a, b, x.numel(), config, target_of(device),
                                     launch_params("compress", device, x.dtype, config, x.numel()), device), (0, 1, 2, 3))
-    a0, b0, codes_shape = layout.scale_a_offset, layout.scale_b_offset, (layout.n_groups, layout.code_bytes)
+    a0, b0 = layout.scale_a_offset, layout.scale_b_offset
     b_f32 = config.scales != "dual"
 
+    launch = prep.call
+
+    # The codes argument is the wire buffer itself: the codes view starts at its first byte with
+    # its dtype, and a kernel sees only the pointer (one slice and one view fewer per call).
     def run(x):
         data = alloc.empty(nbytes, torch.uint8, device)
         b = data[b0:]
-        prep(x, data[:a0].view(codes_shape), data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b)
+        launch(x, data, data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b)
         return data
 
     return run
@@ -220,11 +235,12 @@ def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
 def decompress_eager(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig, backend: str = "auto",
                      inf_above: float = math.inf) -> torch.Tensor:
     """Decompress a 16-byte-aligned wire buffer into contiguous `out`, without dispatch layers."""
-    key = ("decompress", out.numel(), config, out.dtype, out.device, backend, inf_above)
-    prep = _eager.get(key)
-    if prep is None:
-        prep = _remember(key, _prepare_decompress(data, out, config, backend, inf_above))
-    prep(data, out)
+    key = ("decompress", out.numel(), id(config), out.dtype, out.device, backend, inf_above)
+    entry = _eager.get(key)
+    if entry is None:
+        _remember(key, config, _prepare_decompress(data, out, config, backend, inf_above))(data, out)
+    else:
+        entry[1](data, out)
     return out
 
 
@@ -244,11 +260,13 @@ def _prepare_decompress(data, out, config: CompressionConfig, backend: str, inf_
     prep = Prepared(decompress_launch(codes, a, b, out, out.numel(), config, target_of(device),
                                       launch_params("decompress", device, out.dtype, config, out.numel()), device,
                                       inf_above), (0, 1, 2, 3))
-    a0, b0, codes_shape = layout.scale_a_offset, layout.scale_b_offset, (layout.n_groups, layout.code_bytes)
+    a0, b0 = layout.scale_a_offset, layout.scale_b_offset
     b_f32 = config.scales != "dual"
 
-    def run(data, out):
+    launch = prep.call
+
+    def run(data, out):  # codes: the buffer itself, as in `_prepare_compress`
         b = data[b0:]
-        prep(data[:a0].view(codes_shape), data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b, out)
+        launch(data, data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b, out)
 
     return run
