@@ -602,12 +602,14 @@ def _settle(entries, block: bool) -> None:
     """Read the error records of those `entries` whose work is complete (all of them with
     `block`, waiting for each) and drop them; raise the first recorded tag mismatch."""
     err = None
-    # no event query while a CUDA graph is captured (check_errors() reads later); CPU work has no
-    # event and is read at once (asked first: the capture check costs more than the rest)
-    if any(entry[1] is not None for entry in entries) and _capturing():
-        return
+    capturing = None  # asked once, only for entries with an event: CPU work has none
     for entry in entries:
         plan, event = entry
+        if event is not None:
+            if capturing is None:
+                capturing = _capturing()
+            if capturing:  # no event query while a CUDA graph is captured; check_errors() reads later
+                continue
         if event is _IN_GRAPH:  # written by graph replays: read by check_errors() after a device sync
             if block:
                 torch.cuda.synchronize()
@@ -758,6 +760,11 @@ class _Steady:
         return _finish_call(plan, plan.device, async_op)
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor as 1-D (itself when it is: a view costs more than asking)."""
+    return t if t.dim() == 1 else t.view(-1)
+
+
 def _steady(args: tuple, tensors: tuple):
     """(key, _Steady or None) of a call with these arguments (kind, group, config, op, min_bytes,
     pipeline, backend, check) and tensors; key None when they cannot be a key (the full path
@@ -822,7 +829,7 @@ def all_reduce(
     """
     key, steady = _steady(("all_reduce", group, config, op, min_bytes, pipeline, backend, check), (tensor,))
     if steady is not None and steady.ready(check):
-        flat = tensor.view(-1)
+        flat = _flat(tensor)
         return steady.issue(flat, flat, async_op)
     if not _member(group):
         return None
@@ -887,7 +894,7 @@ def reduce_scatter(
     rank r's `output` gets the reduction of every rank's slice r. Arguments as in `all_reduce`."""
     key, steady = _steady(("reduce_scatter", group, config, op, min_bytes, pipeline, backend, check), (output, input))
     if steady is not None and steady.ready(check):
-        return steady.issue(input.view(-1), output.view(-1), async_op)
+        return steady.issue(_flat(input), _flat(output), async_op)
     if not _member(group):
         return None
     output, input = _detached(output, input)
@@ -958,7 +965,7 @@ def all_gather(
     The local shard is compressed once. Arguments as in `all_reduce`."""
     key, steady = _steady(("all_gather", group, config, "sum", min_bytes, pipeline, backend, check), (output, input))
     if steady is not None and steady.ready(check):
-        return steady.issue(input.view(-1), output.view(-1), async_op)
+        return steady.issue(_flat(input), _flat(output), async_op)
     if not _member(group):
         return None
     output, input = _detached(output, input)
