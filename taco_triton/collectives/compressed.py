@@ -14,7 +14,8 @@ with its tag and zero padding; one fused reduce; one decompress launch for all P
 slots: 3 per slice for all_reduce, 2 for reduce_scatter and all_gather. What a call needs besides
 the data (slice geometry, tags, the slots' descriptor tables on the device, launch parameters,
 grids, constexprs) is a `_Plan` built by the first call of a (group, signature, device) and
-reused.
+reused, with its wire buffers (`_Plan.buffers` states when reuse is safe). A call repeated with
+the same arguments and tensor metadata goes straight to its plan's launches (`_Steady`).
 
 No host synchronization in the steady state: the receiving kernels check every slot's tag on
 the device; a mismatch makes the outputs it fed NaN and fills a small host-visible error record
