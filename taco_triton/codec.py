@@ -93,14 +93,15 @@ def decompress(c: Compressed, *, out: torch.Tensor | None = None, backend: str =
     if not isinstance(c, Compressed):
         raise TypeError(f"decompress expects a Compressed, got {type(c).__name__}")
     numel = c.numel
-    expected = WireLayout.of(numel, c.config).nbytes
+    compiling = torch.compiler.is_compiling()
+    expected = WireLayout.of(numel, c.config).nbytes if compiling else ops.wire_nbytes(numel, c.config)
     if c.data.dtype != torch.uint8 or c.data.dim() != 1 or c.data.numel() != expected:
         raise ValueError(
             f"Compressed.data must be 1-D uint8 with {expected} bytes for shape {tuple(c.shape)}, got "
             f"{c.data.dtype} with shape {tuple(c.data.shape)}"
         )
     c = c.aligned()  # odd-offset or strided data: copied, so its FP32 scales can be viewed
-    if not torch.compiler.is_compiling():  # eager: no dispatch layers, launch state prepared once
+    if not compiling:  # eager: no dispatch layers, launch state prepared once
         if out is None:
             data = c.data
             return ops.decompress_eager(data, alloc.empty(numel, c.dtype, data.device), c.config,

@@ -175,26 +175,40 @@ def _backend_of(backend: str, device: torch.device) -> str:
     return got
 
 
-def _remember(key, prep):
+# Keys hold id(config), not the config (hashing a frozen dataclass hashes all its fields on every
+# call); the entry keeps the config itself alive, so its id cannot be reused by another object.
+def _remember(key, config, prep):
     if len(_eager) >= _MAX_EAGER:
         _eager.clear()
-    _eager[key] = prep
+    _eager[key] = (config, prep)
     return prep
+
+
+def wire_nbytes(numel: int, config: CompressionConfig) -> int:
+    """`WireLayout.of(numel, config).nbytes`, remembered per (numel, config object)."""
+    key = ("nbytes", numel, id(config))
+    entry = _eager.get(key)
+    if entry is None:
+        return _remember(key, config, WireLayout.of(numel, config).nbytes)
+    return entry[1]
 
 
 def compress_eager(x: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
     """The wire buffer of contiguous `x` (what `compress_op` returns), without dispatch layers."""
-    key = ("compress", x.numel(), config, x.dtype, x.device, backend)
-    prep = _eager.get(key)
-    if prep is None:
-        prep = _remember(key, _prepare_compress(x, config, backend))
-    return prep(x)
+    key = ("compress", x.numel(), id(config), x.dtype, x.device, backend)
+    entry = _eager.get(key)
+    if entry is None:
+        return _remember(key, config, _prepare_compress(x, config, backend))(x)
+    return entry[1](x)
 
 
-def _in_turn(preps):
-    """One call that runs prepared launches in order with the same arguments (an aligned main
-    launch and its tail: `kernels._tile.aligned_split`)."""
-    first, second = preps
+def _one_call(preps):
+    """One function running the prepared launches in order with the same arguments: a single
+    launch, or an aligned main launch and its tail (`kernels._tile.aligned_split`)."""
+    calls = [p.call for p in preps]
+    if len(calls) == 1:
+        return calls[0]
+    first, second = calls
 
     def run(*args):
         first(*args)
@@ -215,17 +229,18 @@ def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
         return lambda x: alloc.empty(nbytes, torch.uint8, device)
     data = alloc.empty(nbytes, torch.uint8, device)
     codes, a, b = layout.split(data)
-    preps = [Prepared(launch, (0, 1, 2, 3)) for launch in compress_launches(
+    launch = _one_call(Prepared(ln, (0, 1, 2, 3)) for ln in compress_launches(
         x, codes, a, b, x.numel(), config, target_of(device), launch_params("compress", device, x.dtype, config, x.numel()),
-        device)]
-    prep = preps[0] if len(preps) == 1 else _in_turn(preps)
-    a0, b0, codes_shape = layout.scale_a_offset, layout.scale_b_offset, (layout.n_groups, layout.code_bytes)
+        device))
+    a0, b0 = layout.scale_a_offset, layout.scale_b_offset
     b_f32 = config.scales != "dual"
 
+    # The codes argument is the wire buffer itself: the codes view starts at its first byte with
+    # its dtype, and a kernel sees only the pointer (one slice and one view fewer per call).
     def run(x):
         data = alloc.empty(nbytes, torch.uint8, device)
         b = data[b0:]
-        prep(x, data[:a0].view(codes_shape), data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b)
+        launch(x, data, data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b)
         return data
 
     return run
@@ -234,11 +249,12 @@ def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
 def decompress_eager(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig, backend: str = "auto",
                      inf_above: float = math.inf) -> torch.Tensor:
     """Decompress a 16-byte-aligned wire buffer into contiguous `out`, without dispatch layers."""
-    key = ("decompress", out.numel(), config, out.dtype, out.device, backend, inf_above)
-    prep = _eager.get(key)
-    if prep is None:
-        prep = _remember(key, _prepare_decompress(data, out, config, backend, inf_above))
-    prep(data, out)
+    key = ("decompress", out.numel(), id(config), out.dtype, out.device, backend, inf_above)
+    entry = _eager.get(key)
+    if entry is None:
+        _remember(key, config, _prepare_decompress(data, out, config, backend, inf_above))(data, out)
+    else:
+        entry[1](data, out)
     return out
 
 
@@ -255,15 +271,14 @@ def _prepare_decompress(data, out, config: CompressionConfig, backend: str, inf_
         return lambda data, out: None
     codes, a, b = layout.split(data)
     device = out.device
-    preps = [Prepared(launch, (0, 1, 2, 3)) for launch in decompress_launches(
+    launch = _one_call(Prepared(ln, (0, 1, 2, 3)) for ln in decompress_launches(
         codes, a, b, out, out.numel(), config, target_of(device),
-        launch_params("decompress", device, out.dtype, config, out.numel()), device, inf_above)]
-    prep = preps[0] if len(preps) == 1 else _in_turn(preps)
-    a0, b0, codes_shape = layout.scale_a_offset, layout.scale_b_offset, (layout.n_groups, layout.code_bytes)
+        launch_params("decompress", device, out.dtype, config, out.numel()), device, inf_above))
+    a0, b0 = layout.scale_a_offset, layout.scale_b_offset
     b_f32 = config.scales != "dual"
 
-    def run(data, out):
+    def run(data, out):  # codes: the buffer itself, as in `_prepare_compress`
         b = data[b0:]
-        prep(data[:a0].view(codes_shape), data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b, out)
+        launch(data, data[a0:b0].view(torch.float32), b.view(torch.float32) if b_f32 else b, out)
 
     return run

@@ -109,6 +109,8 @@ def records_as(collective: str):
     def wrap(fn):
         @functools.wraps(fn)
         def recorded(*args, **kwargs):
+            if not getattr(_stats, "stack", None):  # no WireStats open: nothing records the name
+                return fn(*args, **kwargs)
             outer = getattr(_stats, "collective", None)
             _stats.collective = outer or collective  # a collective built on another keeps the outer name
             try:
@@ -167,18 +169,26 @@ def reduce_scatter(out, inp, op, group, async_op):
 
 
 def all_gather(out, inp, group, async_op, compressed=False):
-    p = dist.get_world_size(group)
-    _record("all_gather", _nbytes(inp), (p - 1) * _nbytes(inp), compressed)
+    if getattr(_stats, "stack", None):
+        p = dist.get_world_size(group)
+        _record("all_gather", _nbytes(inp), (p - 1) * _nbytes(inp), compressed)
     guard_exit(inp)
     return _ALL_GATHER(out, inp, group=group, async_op=async_op)
 
 
 def all_to_all(out, inp, out_splits, in_splits, group, async_op):
-    rank = dist.get_rank(group)
-    sent = sum(s for j, s in enumerate(in_splits) if j != rank)  # what leaves this rank
-    _record("all_to_all", _nbytes(inp), float(sent), True)
+    if getattr(_stats, "stack", None):
+        rank = dist.get_rank(group)
+        sent = sum(s for j, s in enumerate(in_splits) if j != rank)  # what leaves this rank
+        _record("all_to_all", _nbytes(inp), float(sent), True)
     guard_exit(inp)
     return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
+
+
+def default_group():
+    """The current default process group, or None (cheaper than `group_object(None)`: for the
+    steady state's check that the default group was not re-created)."""
+    return dist.distributed_c10d._world.default_pg
 
 
 def group_object(group):

@@ -14,7 +14,8 @@ with its tag and zero padding; one fused reduce; one decompress launch for all P
 slots: 3 per slice for all_reduce, 2 for reduce_scatter and all_gather. What a call needs besides
 the data (slice geometry, tags, the slots' descriptor tables on the device, launch parameters,
 grids, constexprs) is a `_Plan` built by the first call of a (group, signature, device) and
-reused.
+reused, with its wire buffers (`_Plan.buffers` states when reuse is safe). A call repeated with
+the same arguments and tensor metadata goes straight to its plan's launches (`_Steady`).
 
 No host synchronization in the steady state: the receiving kernels check every slot's tag on
 the device; a mismatch makes the outputs it fed NaN and fills a small host-visible error record
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 
@@ -174,7 +176,7 @@ class _Call:
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"taco_triton.{kind} expects tensors, got {type(t).__name__}")
-        dtype = tensors[0].dtype
+        dtype = self.dtype = tensors[0].dtype
         if any(st == 0 and n > 1 for st, n in zip(tensors[0].stride(), tensors[0].shape)):  # expand(): shared elements
             raise ValueError(f"taco_triton.{kind}: the output tensor has overlapping elements (strides "
                              f"{tensors[0].stride()} for shape {tuple(tensors[0].shape)}); pass a tensor that owns each element")
@@ -295,6 +297,52 @@ def _tag_int(tag: bytes) -> int:
     return int.from_bytes(tag, "little")
 
 
+#: Sets of reusable wire buffers a plan keeps (one per calling thread and CUDA stream).
+_MAX_BUFFER_SETS = 8
+
+
+class _Buffers:
+    """The wire buffers of one pipeline slice on the Triton path (see `_Plan.buffers` for when
+    they are reused): `send` what this rank compresses, `recv` (viewed as `rows`, one per rank)
+    what the all_to_all delivers, `own` this rank's reduced slot, `gathered` what the all_gather
+    delivers; `dense_of(out)` the part of a reduce_scatter's output this slice writes."""
+
+    __slots__ = ("dense_of", "gathered", "own", "recv", "recv_splits", "rows", "send")
+
+    def __init__(self, plan: "_Plan", sl: "_Slice"):
+        p, rank, dev, u8 = plan.p, plan.rank, plan.device, torch.uint8
+        self.send = self.recv = self.rows = self.own = self.gathered = None
+        if plan.kind == "all_gather":
+            self.send = torch.empty(sl.slot, dtype=u8, device=dev)
+        else:
+            stride = sl.strides[rank]
+            self.send = torch.empty(sum(sl.strides), dtype=u8, device=dev)
+            self.recv = torch.empty(p * stride, dtype=u8, device=dev)
+            self.rows = self.recv.view(p, stride)
+            self.recv_splits = [stride] * p
+        if plan.kind == "all_reduce":
+            self.own = torch.empty(sl.slot, dtype=u8, device=dev)
+        if plan.kind != "reduce_scatter":
+            self.gathered = torch.empty(p * sl.slot, dtype=u8, device=dev)
+        a, b = sl.piece[rank] if plan.kind == "reduce_scatter" else (0, 0)
+        lo, hi, m = a - rank * plan.chunk_numel, b - rank * plan.chunk_numel, plan.chunk_numel
+        self.dense_of = (lambda out: out) if (lo, hi) == (0, m) else (lambda out: out[lo:hi])
+
+
+def _schedule(n_slices: int, n_stages: int) -> list[tuple[int, int]]:
+    """The (stage, slice) steps `_pipeline` runs for this many slices and stages, in its order."""
+    order: list = []
+
+    def stage(i):
+        def step(state):
+            order.append((i, state[0]))
+            return state
+        return step
+
+    _pipeline([(k, None) for k in range(n_slices)], [stage(i) for i in range(n_stages)])
+    return order
+
+
 class _Plan:
     """What every compressed call of one signature needs besides the data, built by its first
     call and kept (`_plan`): the slices' geometry and tags, and on the Triton path the slots'
@@ -314,7 +362,11 @@ class _Plan:
         if call.kind == "all_gather":
             pieces = [pc for pc in pieces if pc[0][1] > pc[0][0]]
         self.slices = [_Slice(piece, call.config) for piece in pieces]
-        self._prepared: dict = {}
+        self.scale = 1.0 / self.p if call.op == "avg" else 1.0
+        # decoded values beyond this become +-inf (all_gather decodes one rank's values: no sum)
+        self.inf_above = math.inf if call.kind == "all_gather" else overflow_threshold(call.config, call.dtype)
+        self.launches = None  # the Triton path's prepared launches, built by its first call (`_prepare`)
+        self._buffers: dict = {}
         if self.backend == "triton":
             self.errors = slots.ErrorRecord(device)
             self._build_tables()
@@ -348,98 +400,157 @@ class _Plan:
         rows = [[st + pad * (width - len(st)) for st in r] for r in rows]
         self.desc = slots.table(rows, self.device)
 
-    # ------------------------------------------------------------------------- the three steps
+    # ------------------------------------------------------- the reference path's three steps
     def compress(self, call: _Call, flat: torch.Tensor, k: int) -> torch.Tensor:
-        """The send buffer of slice k: every piece compressed into its slot, tags included."""
+        """The send buffer of slice k (reference path): every piece compressed into its slot, tags included."""
         sl = self.slices[k]
         stage = 1 if self.kind == "all_gather" else 0
-        n_send = sl.slot if stage else sum(sl.strides)
-        if self.backend != "triton":
-            return _compress_pieces(call, flat, k, sl.piece, [sl.slot] if stage else sl.strides, stage)
-        send = torch.empty(n_send, dtype=torch.uint8, device=flat.device)
-        seed = slots.salt(self.config.seed, self.rank, call.seq, k) if self.config.stochastic else self.config.seed
-        prep = self._prepared.get(("compress", k))
-        if prep is None:
-            from ..kernels.compress import compress_slots_launch
-
-            launch = compress_slots_launch(flat, send, self.desc[k, 0], len(sl.piece), slots.total_tiles(sl.lays),
-                                           self.config, target_of(flat.device),
-                                           launch_params("compress", flat.device, flat.dtype, self.config,
-                                                         max(lay.numel for lay in sl.lays)), flat.device,
-                                           elem_align=slots.elem_align(sl.piece))
-            prep = self._prepared["compress", k] = Prepared(launch, (0, 1, 6))
-        prep(flat, send, seed)
-        return send
+        return _compress_pieces(call, flat, k, sl.piece, [sl.slot] if stage else sl.strides, stage)
 
     def reduce(self, call: _Call, recv: torch.Tensor, k: int, scale: float, dense_out=None, inf_above=math.inf):
-        """Sum the P received copies of this rank's piece of slice k: compressed into a slot
-        (tagged, returned) or, with `dense_out`, decompressed there."""
+        """Sum the P received copies of this rank's piece of slice k (reference path): compressed
+        into a slot (tagged, returned) or, with `dense_out`, decompressed there."""
         sl, p, rank = self.slices[k], self.p, self.rank
         lay = sl.lays[rank]
         rows = recv.view(p, sl.strides[rank])
-        dense = dense_out is not None
-        stochastic_seed = (self.config.seed if dense or not self.config.stochastic
-                           else slots.salt(self.config.seed, p + rank, call.seq))
-        if self.backend != "triton":
-            call.verify(rows, [lay.nbytes] * p, [self.tag(0, k, rank)] * p, k)
-            if dense:
-                if lay.numel:
-                    ops.reduce_into(rows, lay.numel, self.config, scale, dense_out=dense_out, backend=self.backend,
-                                    inf_above=inf_above)
-                return dense_out
-            own = torch.zeros(sl.slot, dtype=torch.uint8, device=recv.device)
-            if lay.nbytes:
-                ops.reduce_into(rows, lay.numel, self.config.replace(seed=stochastic_seed), scale,
-                                out=own[: lay.nbytes], backend=self.backend)
-            _put_tag(own, lay.nbytes, self.tag(1, k, rank))
-            return own
-        own = dense_out if dense else torch.empty(sl.slot, dtype=torch.uint8, device=recv.device)
-        prep = self._prepared.get(("reduce", k))
-        if prep is None:
-            from ..kernels.reduce import reduce_launch
-
-            stride = sl.strides[rank]
-            strides = (stride, stride // 4, stride if self.config.scales == "dual" else stride // 4)
-            tags = (self.errors.tensor, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot)
-            launch = reduce_launch(rows, rows, rows, strides, p, own, own, own, own, lay.numel, self.config, scale,
-                                   dense, target_of(recv.device),
-                                   launch_params("reduce", recv.device, torch.uint8, self.config, lay.numel),
-                                   recv.device, inf_above, tags=tags)
-            prep = self._prepared["reduce", k] = Prepared(launch, (0, 1, 2, 7, 8, 9, 10, 17, 26, 27))
-        prep(rows, rows, rows, own, own, own, own, stochastic_seed, k, call.seq)
+        call.verify(rows, [lay.nbytes] * p, [self.tag(0, k, rank)] * p, k)
+        if dense_out is not None:
+            if lay.numel:
+                ops.reduce_into(rows, lay.numel, self.config, scale, dense_out=dense_out, backend=self.backend,
+                                inf_above=inf_above)
+            return dense_out
+        seed = slots.salt(self.config.seed, p + rank, call.seq) if self.config.stochastic else self.config.seed
+        own = torch.zeros(sl.slot, dtype=torch.uint8, device=recv.device)
+        if lay.nbytes:
+            ops.reduce_into(rows, lay.numel, self.config.replace(seed=seed), scale, out=own[: lay.nbytes],
+                            backend=self.backend)
+        _put_tag(own, lay.nbytes, self.tag(1, k, rank))
         return own
 
     def decompress(self, call: _Call, gathered: torch.Tensor, out_flat: torch.Tensor, k: int, inf_above=math.inf):
-        """Decompress the P slots of the gathered buffer of slice k into their places of out_flat."""
+        """Decompress the P slots of the gathered buffer of slice k into their places of out_flat
+        (reference path)."""
         sl, p = self.slices[k], self.p
         rows = gathered.view(p, sl.slot)
-        if self.backend != "triton":
-            lays = sl.lays * p if self.kind == "all_gather" else sl.lays
-            call.verify(rows, [lay.nbytes for lay in lays], [self.tag(1, k, j) for j in range(p)], k)
-            for j, lay in enumerate(lays):
-                if lay.nbytes:
-                    a, b = sl.piece[0] if self.kind == "all_gather" else sl.piece[j]
-                    base = j * self.chunk_numel if self.kind == "all_gather" else 0
-                    ops.decompress_into(rows[j, : lay.nbytes], out_flat[base + a : base + b], self.config,
-                                        self.backend, inf_above=inf_above)
-            return
-        prep = self._prepared.get(("decompress", k))
-        if prep is None:
-            from ..kernels.decompress import decompress_slots_launch
+        lays = sl.lays * p if self.kind == "all_gather" else sl.lays
+        call.verify(rows, [lay.nbytes for lay in lays], [self.tag(1, k, j) for j in range(p)], k)
+        for j, lay in enumerate(lays):
+            if lay.nbytes:
+                a, b = sl.piece[0] if self.kind == "all_gather" else sl.piece[j]
+                base = j * self.chunk_numel if self.kind == "all_gather" else 0
+                ops.decompress_into(rows[j, : lay.nbytes], out_flat[base + a : base + b], self.config,
+                                    self.backend, inf_above=inf_above)
 
-            lays = sl.lays * p if self.kind == "all_gather" else sl.lays
+    # ---------------------------------------------------------------- the Triton path, prepared
+    def _prepare(self, flat: torch.Tensor, dense: torch.Tensor) -> None:
+        """Everything the Triton path's calls reuse: per slice the process-group split sizes, the
+        schedule of stages, and the three prepared launches (built with this call's tensors;
+        later calls replace the tensor arguments)."""
+        p, rank, cfg = self.p, self.rank, self.config
+        n_stages = 3 if self.kind == "all_reduce" else 2
+        self.schedule = _schedule(len(self.slices), n_stages)
+        bufs = self._new_buffers()
+        target, device = target_of(self.device), self.device
+        self.launches = []
+        for k, (sl, b) in enumerate(zip(self.slices, bufs)):
+            compress = decompress = reduce = None
             if self.kind == "all_gather":
-                m, ((a, b),) = self.chunk_numel, sl.piece
-                pieces = [(j * m + a, j * m + b) for j in range(p)]
+                lays = sl.lays * p
+                m, ((a, e),) = self.chunk_numel, sl.piece
+                pieces = [(j * m + a, j * m + e) for j in range(p)]
             else:
-                pieces = sl.piece
-            launch = decompress_slots_launch(gathered, out_flat, self.desc[k, 1], self.errors.tensor, p,
-                                             slots.total_tiles(lays), self.config, target_of(gathered.device),
-                                             launch_params("decompress", gathered.device, out_flat.dtype, self.config,
-                                                           max(lay.numel for lay in lays)),
-                                             gathered.device, inf_above, elem_align=slots.elem_align(pieces))
-            prep = self._prepared["decompress", k] = Prepared(launch, (0, 1, 9, 10))
-        prep(gathered, out_flat, k, call.seq)
+                lays, pieces = sl.lays, sl.piece
+            from ..kernels.compress import compress_slots_launch
+
+            launch = compress_slots_launch(flat, b.send, self.desc[k, 0], len(sl.piece), slots.total_tiles(sl.lays),
+                                           cfg, target, launch_params("compress", device, flat.dtype, cfg,
+                                                                      max(lay.numel for lay in sl.lays)),
+                                           device, elem_align=slots.elem_align(sl.piece))
+            compress = Prepared(launch, (0, 1, 6))
+            if self.kind != "all_gather":
+                from ..kernels.reduce import reduce_launch
+
+                lay, stride = sl.lays[rank], sl.strides[rank]
+                dense_reduce = self.kind == "reduce_scatter"
+                own = dense if dense_reduce else b.own
+                strides = (stride, stride // 4, stride if cfg.scales == "dual" else stride // 4)
+                tags = (self.errors.tensor, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot)
+                launch = reduce_launch(b.rows, b.rows, b.rows, strides, p, own, own, own, own, lay.numel, cfg,
+                                       self.scale, dense_reduce, target,
+                                       launch_params("reduce", device, torch.uint8, cfg, lay.numel), device,
+                                       self.inf_above if dense_reduce else math.inf, tags=tags)
+                reduce = Prepared(launch, (0, 1, 2, 7, 8, 9, 10, 17, 26, 27))
+            if self.kind != "reduce_scatter":
+                from ..kernels.decompress import decompress_slots_launch
+
+                launch = decompress_slots_launch(b.gathered, dense, self.desc[k, 1], self.errors.tensor, p,
+                                                 slots.total_tiles(lays), cfg, target,
+                                                 launch_params("decompress", device, dense.dtype, cfg,
+                                                               max(lay.numel for lay in lays)),
+                                                 device, self.inf_above, elem_align=slots.elem_align(pieces))
+                decompress = Prepared(launch, (0, 1, 9, 10))
+            self.launches.append(tuple(x and x.call for x in (compress, reduce, decompress)))  # plain functions
+
+    def _new_buffers(self) -> list:
+        """One set of wire buffers per slice (`_Buffers`), from torch.empty."""
+        return [_Buffers(self, sl) for sl in self.slices]
+
+    def buffers(self) -> list:
+        """The wire buffers of this caller, reused across its calls.
+
+        The rule that makes reuse safe: a call waits (in the calling thread, at issue) for every
+        process-group work it started, so on CPU all its work is done when it returns and on CUDA
+        the caller's current stream is ordered after all of it (c10d's wait() orders the stream);
+        the next call's kernels run on that stream after it and its communication is issued after
+        them. So buffers are kept per (thread, current CUDA stream): a call from another thread
+        or on another stream gets its own set. While a CUDA graph is captured every call gets
+        fresh buffers (from the graph's pool), which replays then own.
+        """
+        if self.device.type == "cuda":
+            if torch.cuda.is_current_stream_capturing():
+                return self._new_buffers()
+            key = (threading.get_ident(), torch.cuda.current_stream(self.device).cuda_stream)
+        else:
+            key = threading.get_ident()
+        bufs = self._buffers.get(key)
+        if bufs is None:
+            if len(self._buffers) >= _MAX_BUFFER_SETS:
+                self._buffers.clear()  # in-flight users keep theirs alive until they finish
+            bufs = self._buffers[key] = self._new_buffers()
+        return bufs
+
+    def run(self, src: torch.Tensor, dst: torch.Tensor, seq: int, group) -> None:
+        """Issue one call on the Triton path: `src` the flat input (all_reduce: also `dst`),
+        `dst` the flat output. Runs the precomputed schedule of (stage, slice) steps: slice k+1
+        is compressed and its communication issued before slice k is reduced or decoded."""
+        if self.launches is None:
+            self._prepare(src, dst)
+        bufs, launches, slices = self.buffers(), self.launches, self.slices
+        cfg, rank, kind = self.config, self.rank, self.kind
+        stochastic = cfg.stochastic
+        work = [None] * len(slices)
+        for stage, k in self.schedule:
+            b = bufs[k]
+            compress, reduce, decompress = launches[k]
+            if stage == 0:
+                seed = slots.salt(cfg.seed, rank, seq, k) if stochastic else cfg.seed
+                compress(src, b.send, seed)
+                if kind == "all_gather":
+                    work[k] = _pg.all_gather(b.gathered, b.send, group, True, compressed=True)
+                else:
+                    work[k] = _pg.all_to_all(b.recv, b.send, b.recv_splits, slices[k].strides, group, True)
+            elif stage == 1 and kind != "all_gather":
+                work[k].wait()
+                if kind == "reduce_scatter":
+                    out = b.dense_of(dst)
+                    reduce(b.rows, b.rows, b.rows, out, out, out, out, cfg.seed, k, seq)
+                    continue
+                seed = slots.salt(cfg.seed, self.p + rank, seq) if stochastic else cfg.seed
+                reduce(b.rows, b.rows, b.rows, b.own, b.own, b.own, b.own, seed, k, seq)
+                work[k] = _pg.all_gather(b.gathered, b.own, group, True, compressed=True)
+            else:
+                work[k].wait()
+                decompress(b.gathered, dst, k, seq)
 
     def error(self, record) -> ValueError:
         k, src, got, want, seq = record
@@ -492,10 +603,14 @@ def _settle(entries, block: bool) -> None:
     """Read the error records of those `entries` whose work is complete (all of them with
     `block`, waiting for each) and drop them; raise the first recorded tag mismatch."""
     err = None
-    if _capturing():  # no event query while a CUDA graph is captured; check_errors() reads later
-        return
+    capturing = None  # asked once, only for entries with an event: CPU work has none
     for entry in entries:
         plan, event = entry
+        if event is not None:
+            if capturing is None:
+                capturing = _capturing()
+            if capturing:  # no event query while a CUDA graph is captured; check_errors() reads later
+                continue
         if event is _IN_GRAPH:  # written by graph replays: read by check_errors() after a device sync
             if block:
                 torch.cuda.synchronize()
@@ -609,6 +724,70 @@ def _put_tag(buf: torch.Tensor, at: int, tag: bytes) -> None:
     buf[at : at + _TAG] = torch.frombuffer(bytearray(tag), dtype=torch.uint8).to(buf.device)
 
 
+# ------------------------------------------------------------------------------- steady state
+#: (kind, group, arguments, metadata of the tensors) -> _Steady: what a call with exactly these
+#: arguments and tensor metadata decided on its first run (validation, agreement, plan), so a
+#: repeated call skips straight to its launches.
+_steady_calls: dict = {}
+_MAX_STEADY = 1024
+
+
+class _Steady:
+    """A call's decisions on the Triton path, kept for calls with the same arguments and tensor
+    metadata (dtype, shape, strides, device: everything the validation and the plan depend on).
+    Only contiguous tensors, world sizes above 1 and check modes other than "always" get one."""
+
+    __slots__ = ("agreed", "config", "group", "pg", "plan")
+
+    def __init__(self, call: _Call, plan: _Plan, config):
+        self.plan, self.group, self.pg, self.config = plan, call.group, call.pg, config  # config: keeps its id
+        self.agreed = (call.pg, call.signature) in _agreed
+
+    def ready(self, check) -> bool:
+        """False when this call must take the full path: the default group was re-created, or
+        the check mode (None: the environment's, read per call) wants an exchange."""
+        if self.group is None and _pg.default_group() is not self.pg:
+            return False
+        if check is None:
+            mode = check_mode(None)
+            return mode == "never" or (mode == "first" and self.agreed)
+        return True  # "always" never gets a _Steady; "first" got one after agreeing
+
+    def issue(self, src: torch.Tensor, dst: torch.Tensor, async_op: bool):
+        plan = self.plan
+        if dst.requires_grad:  # invisible to autograd, as native (a view of src when it is dst)
+            src, dst = src.detach(), dst.detach()
+        plan.run(src, dst, next(_calls), self.group)
+        return _finish_call(plan, plan.device, async_op)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor as 1-D (itself when it is: a view costs more than asking)."""
+    return t if t.dim() == 1 else t.view(-1)
+
+
+def _steady(args: tuple, tensors: tuple):
+    """(key, _Steady or None) of a call with these arguments (kind, group, config, op, min_bytes,
+    pipeline, backend, check) and tensors; key None when they cannot be a key (the full path
+    validates them)."""
+    try:
+        key = (*args[:2], id(args[2]), *args[3:],
+               *[(t.dtype, t.shape, t.stride(), t.device, t.requires_grad) for t in tensors])
+        return key, _steady_calls.get(key)
+    except (AttributeError, TypeError):  # not tensors, unhashable arguments
+        return None, None
+
+
+def _remember(key, call: _Call, plan: _Plan, tensors: tuple, config) -> None:
+    """Keep what this call decided for its repeats (see `_Steady`)."""
+    if (key is None or plan.backend != "triton" or call.p < 2 or check_mode(key[7]) == "always"
+            or not all(t.is_contiguous() for t in tensors)):
+        return
+    if len(_steady_calls) >= _MAX_STEADY:
+        _steady_calls.clear()
+    _steady_calls[key] = _Steady(call, plan, config)
+
+
 def _member(group) -> bool:
     """False on a rank outside `group` (torch.distributed's collectives are no-ops there)."""
     return group is None or dist.get_rank(group) >= 0
@@ -649,6 +828,10 @@ def all_reduce(
     a sum that overflows the dtype is +-inf (see `overflow_threshold`). Autograd does not see the
     collective, as with `dist.all_reduce`.
     """
+    key, steady = _steady(("all_reduce", group, config, op, min_bytes, pipeline, backend, check), (tensor,))
+    if steady is not None and steady.ready(check):
+        flat = _flat(tensor)
+        return steady.issue(flat, flat, async_op)
     if not _member(group):
         return None
     tensor = tensor.detach() if isinstance(tensor, torch.Tensor) else tensor  # invisible to autograd, as native
@@ -657,6 +840,7 @@ def all_reduce(
         red, divide = _native_op(op, group)
         return _native(lambda t, a: _pg.all_reduce(t, red, group, a), tensor, call.p if divide else None, async_op)
     plan = _all_reduce_compressed(call, tensor)
+    _remember(key, call, plan, (tensor,), config)
     return _finish_call(plan, tensor.device, async_op)
 
 
@@ -666,9 +850,17 @@ def _all_reduce_compressed(call: _Call, tensor: torch.Tensor) -> _Plan:
     n = flat.numel()
     c = _round_up(-(-n // p), SUPERBLOCK_ELEMS)
     plan = _plan(call, lambda: [(min(j * c, n), min((j + 1) * c, n)) for j in range(p)], flat.device)
-    scale = 1.0 / p if call.op == "avg" else 1.0
-    inf_above = call.inf_above(flat.dtype)
-    device = flat.device
+    if plan.backend == "triton":
+        plan.run(flat, flat, call.seq, call.group)
+    else:
+        _all_reduce_reference(call, plan, flat)
+    if copy_back is not None:
+        copy_back.copy_(flat.view_as(copy_back))
+    return plan
+
+
+def _all_reduce_reference(call: _Call, plan: _Plan, flat: torch.Tensor) -> None:
+    p, device = call.p, flat.device
 
     def launch(kp):
         k, _ = kp
@@ -681,19 +873,16 @@ def _all_reduce_compressed(call: _Call, tensor: torch.Tensor) -> _Plan:
     def reduce(state):
         k, recv, work = state
         work.wait()
-        own = plan.reduce(call, recv, k, scale)
+        own = plan.reduce(call, recv, k, plan.scale)
         gathered = torch.empty(p * plan.slices[k].slot, dtype=torch.uint8, device=device)
         return k, gathered, _pg.all_gather(gathered, own, call.group, True, compressed=True)
 
     def finish(state):
         k, gathered, work = state
         work.wait()
-        plan.decompress(call, gathered, flat, k, inf_above)
+        plan.decompress(call, gathered, flat, k, plan.inf_above)
 
     _pipeline([sl.piece for sl in plan.slices], [launch, reduce, finish])
-    if copy_back is not None:
-        copy_back.copy_(flat.view_as(copy_back))
-    return plan
 
 
 @_pg.records_as("reduce_scatter")
@@ -713,6 +902,9 @@ def reduce_scatter(
     (Inf - Inf is NaN). On AMD GPUs and on CPU such a group's elements are +-inf, or NaN where
     infinities of both signs meet in the transform.
     """
+    key, steady = _steady(("reduce_scatter", group, config, op, min_bytes, pipeline, backend, check), (output, input))
+    if steady is not None and steady.ready(check):
+        return steady.issue(_flat(input), _flat(output), async_op)
     if not _member(group):
         return None
     output, input = _detached(output, input)
@@ -724,6 +916,7 @@ def reduce_scatter(
         return _native(lambda t, a: _pg.reduce_scatter(t, input.contiguous(), red, group, a),
                        output, p if divide else None, async_op)
     plan = _reduce_scatter_compressed(call, output, input)
+    _remember(key, call, plan, (output, input), config)
     return _finish_call(plan, output.device, async_op)
 
 
@@ -748,24 +941,25 @@ def _reduce_scatter_compressed(call: _Call, output, input) -> _Plan:
     flat_in = input.contiguous().view(-1)
     out_flat, copy_back = _flat_inplace(output)
     m = out_flat.numel()
-    plan = _plan(call, lambda: [(j * m, (j + 1) * m) for j in range(p)], flat_in.device)
-    scale = 1.0 / p if call.op == "avg" else 1.0
-    inf_above = call.inf_above(out_flat.dtype)
+    plan = _plan(call, lambda: [(j * m, (j + 1) * m) for j in range(p)], flat_in.device, chunk_numel=m)
+    if plan.backend == "triton":
+        plan.run(flat_in, out_flat, call.seq, call.group)
+    else:
+        def launch(kp):
+            k, _ = kp
+            sl = plan.slices[k]
+            send = plan.compress(call, flat_in, k)
+            recv = torch.empty(p * sl.strides[rank], dtype=torch.uint8, device=flat_in.device)
+            return k, recv, _pg.all_to_all(recv, send, [sl.strides[rank]] * p, sl.strides, call.group, True)
 
-    def launch(kp):
-        k, _ = kp
-        sl = plan.slices[k]
-        send = plan.compress(call, flat_in, k)
-        recv = torch.empty(p * sl.strides[rank], dtype=torch.uint8, device=flat_in.device)
-        return k, recv, _pg.all_to_all(recv, send, [sl.strides[rank]] * p, sl.strides, call.group, True)
+        def finish(state):
+            k, recv, work = state
+            work.wait()
+            a, b = plan.slices[k].piece[rank]
+            plan.reduce(call, recv, k, plan.scale, dense_out=out_flat[a - rank * m : b - rank * m],
+                        inf_above=plan.inf_above)
 
-    def finish(state):
-        k, recv, work = state
-        work.wait()
-        a, b = plan.slices[k].piece[rank]
-        plan.reduce(call, recv, k, scale, dense_out=out_flat[a - rank * m : b - rank * m], inf_above=inf_above)
-
-    _pipeline([sl.piece for sl in plan.slices], [launch, finish])
+        _pipeline([sl.piece for sl in plan.slices], [launch, finish])
     if copy_back is not None:
         copy_back.copy_(out_flat.view_as(copy_back))
     return plan
@@ -779,6 +973,9 @@ def all_gather(
 ):
     """Like `dist.all_gather_into_tensor`: `output` is P slices along dim 0, slice r from rank r.
     The local shard is compressed once. Arguments as in `all_reduce`."""
+    key, steady = _steady(("all_gather", group, config, "sum", min_bytes, pipeline, backend, check), (output, input))
+    if steady is not None and steady.ready(check):
+        return steady.issue(_flat(input), _flat(output), async_op)
     if not _member(group):
         return None
     output, input = _detached(output, input)
@@ -788,6 +985,7 @@ def all_gather(
     if not call.compress or (p == 1 and not compress_single_rank()):
         return _native(lambda t, a: _pg.all_gather(t, input.contiguous(), group, a), output, None, async_op)
     plan = _all_gather_compressed(call, output, input)
+    _remember(key, call, plan, (output, input), config)
     return _finish_call(plan, output.device, async_op)
 
 
@@ -797,19 +995,21 @@ def _all_gather_compressed(call: _Call, output, input) -> _Plan:
     out_flat, copy_back = _flat_inplace(output)
     m = flat_in.numel()
     plan = _plan(call, lambda: [(0, m)], flat_in.device, chunk_numel=m)
+    if plan.backend == "triton":
+        plan.run(flat_in, out_flat, call.seq, call.group)
+    else:
+        def launch(kp):
+            k, _ = kp
+            own = plan.compress(call, flat_in, k)
+            gathered = torch.empty(p * plan.slices[k].slot, dtype=torch.uint8, device=flat_in.device)
+            return k, gathered, _pg.all_gather(gathered, own, call.group, True, compressed=True)
 
-    def launch(kp):
-        k, _ = kp
-        own = plan.compress(call, flat_in, k)
-        gathered = torch.empty(p * plan.slices[k].slot, dtype=torch.uint8, device=flat_in.device)
-        return k, gathered, _pg.all_gather(gathered, own, call.group, True, compressed=True)
+        def finish(state):
+            k, gathered, work = state
+            work.wait()
+            plan.decompress(call, gathered, out_flat, k)
 
-    def finish(state):
-        k, gathered, work = state
-        work.wait()
-        plan.decompress(call, gathered, out_flat, k)
-
-    _pipeline([sl.piece for sl in plan.slices], [launch, finish])
+        _pipeline([sl.piece for sl in plan.slices], [launch, finish])
     if copy_back is not None:
         copy_back.copy_(out_flat.view_as(copy_back))
     return plan
