@@ -154,6 +154,10 @@ def megatron_dp_group_mode(rank: int, world: int) -> dict:
     from .megatron_3d_cases import ARGS, _grads, _step
 
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    # both modes exchange the rank-agreement fingerprint on every call, so their byte counts
+    # compare (by default the group mode's DP all_reduce reuses the agreement the mappings mode's
+    # first call of the same signature on the same inner group made)
+    os.environ["TACO_TRITON_CHECK_COLLECTIVES"] = "always"
     args = argparse.Namespace(**ARGS)
     dp = CompressionPolicy(default=taco.CompressionConfig(codec="int8"), min_bytes=0)
     tp = CompressionPolicy(default=None)
