@@ -9,15 +9,9 @@ import torch.distributed as dist
 import taco_triton as taco
 from taco_triton.collectives import p2p
 
+from .collective_cases import _outcome
+
 STOCHASTIC = taco.CompressionConfig(codec="int4", group_size=32, hadamard=False, rounding="stochastic")
-
-
-def _outcome(fn) -> str:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        return f"{type(e).__name__}: {e}"
-    return "ok"
 
 
 def findings(rank: int, world: int, backend: str) -> dict:
