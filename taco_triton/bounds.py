@@ -138,7 +138,8 @@ def l2_error_bound(x: torch.Tensor, c: Compressed, out_dtype: torch.dtype, u_dot
         bound = bound / _parts(c)[2][:, None]
     core = (2 * math.sqrt(g) if cfg.hadamard else 1.0) * float(bound[ok].norm())
     # decoder: FP32 transform of the codes (gamma_G of the row's absolute sum), one scale
-    # multiply (u), TACO's pre-scale divide (u); then one rounding into out_dtype.
+    # multiply (u) by the group's factor, which for taco_fp32x2 is sigma / pre rounded once (u);
+    # then one rounding into out_dtype.
     if cfg.hadamard:
         x_dec = reference.hadamard_inverse(y_dec[ok])
         work = 2 * y_dec[ok].abs().sum(dim=1, keepdim=True) * (_gamma(g, u_dot) + 2 * U32)

@@ -74,9 +74,9 @@ def _staged_values(data, numel, cfg):
 
 def _staged_decompress(data, numel, cfg, dtype):
     vals, sigma, pre = _staged_values(data, numel, cfg)
+    if pre is not None:  # one factor per group: sigma / pre
+        sigma = sigma / pre
     y = ref.hadamard_inverse(vals) * sigma[:, None] if cfg.hadamard else vals * sigma[:, None]
-    if pre is not None:
-        y = y / pre[:, None]
     return ref.saturate_cast(y.reshape(-1)[:numel], dtype)
 
 
@@ -85,8 +85,7 @@ def _staged_reduce(bufs, numel, cfg, scale, dense_dtype=None):
     acc = None
     for p in range(bufs.shape[0]):
         vals, sigma, pre = _staged_values(bufs[p, :nbytes], numel, cfg)
-        t = vals * sigma[:, None]
-        t = t / pre[:, None] if pre is not None else t
+        t = vals * (sigma if pre is None else sigma / pre)[:, None]
         acc = t if acc is None else acc + t  # not 0 + t: that would turn -0.0 into +0.0
     acc = acc * scale
     finite = ref.group_finite(acc)

@@ -58,15 +58,16 @@ def _compress_tile(
         pre = 1.0
     else:  # TACO's RMS pre-scale (cancels mathematically; kept to reproduce its layout)
         x = x.to(tl.float32)
-        xs = tl.where(x == x, x, 0.0)  # noqa: PLR0124 - x == x is False for NaN
         finite = row_absmax(x) <= 3.4028234663852886e38
-        pre = taco_prescale(tl.div_rn(tl.sum(xs * xs, axis=1), G * 1.0), finite, CODE_MAX)
+        # a non-finite group's sum of squares is not used: its pre-scale is 1. x G^-1 is x / G
+        # bit for bit (G a power of two) without a division's slow path
+        pre = taco_prescale(tl.sum(x * x, axis=1) * (1.0 / G), finite, CODE_MAX)
         x = x * pre[:, None]
     if HADAMARD:
         y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC)
     else:
         y = x.to(tl.float32)
-    quantize_store(y, tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
+    quantize_store(y, row_absmax(y), tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
                    CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K)
 
 

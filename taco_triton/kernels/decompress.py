@@ -52,14 +52,16 @@ def _decompress_tile(
     ROWS: tl.constexpr = SBT * GPS
     rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
     codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
-    sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
+    if DUAL or not HADAMARD:
+        sigma = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
     if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
         vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32)
-        y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC) * (2.0 * sigma)[:, None]
+        y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC)
+        if not DUAL:  # after the dot: taco_fp32x2's division per group, held across it, spilled on sm_80
+            sigma = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
+        y = y * (2.0 * sigma)[:, None]
     else:
         y = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
-    if not DUAL:
-        y = tl.div_rn(y, pre[:, None])
     if CHECKED:
         y = tl.where(bad, float("nan"), y)
     store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)

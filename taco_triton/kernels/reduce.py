@@ -75,11 +75,8 @@ def _reduce_kernel(
         c_ptr, a_ptr, b_ptr = in_codes_ptr, in_a_ptr, in_b_ptr  # advanced per rank: 64-bit pointer math
         for _p in range(n_ranks):
             codes = load_codes(c_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
-            sigma, pre = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
-            t = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
-            if not DUAL:
-                t = tl.div_rn(t, pre[:, None])
-            acc += t
+            sigma = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
+            acc += decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
             c_ptr += stride_codes
             a_ptr += stride_a
             b_ptr += stride_b
@@ -91,17 +88,20 @@ def _reduce_kernel(
                 acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC) * 2.0
             store_dense(acc, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
         else:
+            amax = row_absmax(acc)
             if DUAL:
                 pre_out = 1.0
             else:  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
-                finite = row_absmax(acc) <= 3.4028234663852886e38
-                accf = tl.where(acc == acc, acc, 0.0)  # noqa: PLR0124 - False for NaN
-                ms = tl.div_rn(tl.sum(accf * accf, axis=1), G * 1.0)
+                finite = amax <= 3.4028234663852886e38
+                # a non-finite group's sum of squares is not used: its pre-scale is 1
+                ms = tl.sum(acc * acc, axis=1) * (1.0 / G)  # = / G exactly
                 if HADAMARD:
                     ms = ms * (4.0 * G)
                 pre_out = taco_prescale(ms, finite, CODE_MAX)
                 acc = acc * pre_out[:, None]
-            quantize_store(acc, tile, rows, row_ok, offs, n_sb, out_codes_ptr, out_a_ptr, out_b_ptr, seed, pre_out,
+                # the absmax of the scaled rows, bit for bit: rounding is monotonic and pre_out > 0
+                amax = amax * pre_out
+            quantize_store(acc, amax, tile, rows, row_ok, offs, n_sb, out_codes_ptr, out_a_ptr, out_b_ptr, seed, pre_out,
                            CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K)
 
 
