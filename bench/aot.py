@@ -530,6 +530,65 @@ def select(vs: list[Variant], only: str | None = None, numel: int | None = None)
     return vs
 
 
+# ------------------------------------------------------------------------------ floors
+#: The least % of copy bandwidth (pct_copy_bw_bound) every launch of `--quick` and `--set subbyte`
+#: is to reach by this model, per target.
+FLOORS = {"sm_90": 85.0, "sm_100": 85.0, "sm_80": 70.0, "sm_89": 70.0, "gfx942": 70.0}
+
+#: The launches known to stay below their floor, and why: (fields the row must match, as `--only`
+#: writes them, "target" included; the reason). README's table of exceptions is these entries
+#: with their figures (`--floors`). `check_floors` fails a launch below its floor that no entry
+#: names, and one that got slower than the committed table says.
+EXCEPTIONS: tuple[tuple[dict, str], ...] = ()
+
+
+def _matches(row: dict, fields: dict) -> bool:
+    return all(str(row.get(k)) == str(v) for k, v in fields.items())
+
+
+def _key(row: dict) -> tuple:
+    return tuple(str(row[k]) for k in ("kernel", "target", "codec", "group_size", "hadamard", "scales", "rounding",
+                                       "dtype", "num_warps", "num_stages", "numel"))
+
+
+def check_floors(rows: list[dict], baseline: list[dict] | None = None) -> list[str]:
+    """What is wrong with `rows` against `FLOORS`: a launch that did not compile, spilled
+    registers, or is below its target's floor without an `EXCEPTIONS` entry; with `baseline`
+    (the committed table's rows), an excepted launch that is now slower than the baseline says."""
+    base = {_key(r): r for r in baseline or ()}
+    problems = []
+    for r in rows:
+        name = "/".join(_key(r)[:9])
+        if not r["ok"]:
+            problems.append(f"{name}: did not compile: {r['error']}")
+            continue
+        if r["spill_bytes"]:
+            problems.append(f"{name}: spills {r['spill_bytes']} B")
+        floor = FLOORS.get(r["target"])
+        if floor is None or r["pct_copy_bw_bound"] >= floor:
+            continue
+        if not any(_matches(r, fields) for fields, _ in EXCEPTIONS):
+            problems.append(f"{name}: {r['pct_copy_bw_bound']}% < floor {floor}% and no EXCEPTIONS entry names it")
+        b = base.get(_key(r))
+        if b is not None and r["pct_copy_bw_bound"] < b["pct_copy_bw_bound"]:
+            problems.append(f"{name}: {r['pct_copy_bw_bound']}% < {b['pct_copy_bw_bound']}% of the committed table")
+    return problems
+
+
+def exceptions_table(rows: list[dict]) -> str:
+    """README's table: each `EXCEPTIONS` entry with the launches it covers in `rows` that are
+    below their floor (count, lowest and highest % of copy bandwidth) and its reason."""
+    lines = ["| launches | below the floor | % of copy bandwidth | why |", "|---|---|---|---|"]
+    for fields, why in EXCEPTIONS:
+        hit = [r for r in rows if r["ok"] and _matches(r, fields) and r["pct_copy_bw_bound"] < FLOORS.get(r["target"], 0)]
+        if not hit:
+            continue
+        pct = [r["pct_copy_bw_bound"] for r in hit]
+        what = ", ".join(f"{k}={v}" for k, v in fields.items())
+        lines.append(f"| {what} | {len(hit)} | {min(pct):.1f} - {max(pct):.1f} | {why} |")
+    return "\n".join(lines)
+
+
 def run(which: str, targets: list[str], jobs: int, only: str | None = None, numel: int | None = None) -> list[dict]:
     work = [(v, t) for t in targets for v in select(variants(which), only, numel)]
     if jobs <= 1:
@@ -552,6 +611,10 @@ def main(argv=None) -> int:
     ap.add_argument("--numel", type=int, default=None, help=f"elements per launch (default {NUMEL}; odd rows {ODD_NUMEL})")
     ap.add_argument("--json", type=Path, help="write every row as a JSON list")
     ap.add_argument("--csv", type=Path, help="write every row as CSV (with machine, commit and date columns)")
+    ap.add_argument("--check", type=Path, metavar="CSV",
+                    help="exit 1 if a launch did not compile, spilled, or is below its FLOORS entry without an "
+                         "EXCEPTIONS entry or slower than in this committed table")
+    ap.add_argument("--floors", action="store_true", help="print the table of EXCEPTIONS with their figures (Markdown)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes in parallel")
     args = ap.parse_args(argv)
     targets = args.targets.split(",") if args.targets else list(TARGETS if args.which == "full" else QUICK_TARGETS)
@@ -582,6 +645,13 @@ def main(argv=None) -> int:
         print(f"\n{len(failed)} variants did not compile:")
         for _, r in failed.iterrows():
             print(f"  {r['kernel']} {r['target']} {r['codec']} G{r['group_size']}: {r['error']}")
+    records = json.loads(df.to_json(orient="records"))
+    if args.floors:
+        print("\n" + exceptions_table(records))
+    if args.check:
+        problems = check_floors(records, json.loads(pd.read_csv(args.check).to_json(orient="records")))
+        print(f"\nfloors: {len(problems)} problems" + "".join(f"\n  {p}" for p in problems))
+        return 1 if problems else 0
     return 0
 
 

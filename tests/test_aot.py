@@ -159,3 +159,54 @@ def test_odd_sizes_are_modelled_as_the_aligned_main_launch_and_its_tail():
     assert got["mma"] == [((8, "16"), 1.5), ((8, "16"), 0.5)] and got["static_instr"] == 100
     assert got["spill_bytes"] == 8 and got["slow_calls_per_tile"] == 3 and got["regs"] == 128
     assert aot.combine([(5, a)]) is a
+
+
+def _row(**kw):
+    r = {"kernel": "compress", "target": "sm_90", "codec": "fp8_e4m3", "group_size": 128, "hadamard": True,
+         "scales": "dual", "rounding": "nearest", "dtype": "bf16", "num_warps": 4, "num_stages": 2, "numel": 1 << 26,
+         "ok": True, "error": "", "spill_bytes": 0, "pct_copy_bw_bound": 100.0}
+    return {**r, **kw}
+
+
+def test_floor_check_names_every_kind_of_failure(monkeypatch):
+    aot = _aot_module()
+    monkeypatch.setattr(aot, "EXCEPTIONS", (({"target": "sm_90", "rounding": "stochastic"}, "random bits"),))
+    fine = _row()
+    excepted = _row(rounding="stochastic", pct_copy_bw_bound=50.0)
+    unnamed = _row(group_size=256, pct_copy_bw_bound=84.9)
+    amd = _row(target="gfx942", pct_copy_bw_bound=70.0)  # exactly at its floor
+    spilled = _row(target="sm_80", spill_bytes=16)
+    broken = _row(target="sm_89", ok=False, error="CompilationError: x")
+    problems = aot.check_floors([fine, excepted, unnamed, amd, spilled, broken])
+    assert len(problems) == 3, problems
+    assert "84.9% < floor 85.0%" in problems[0] and "/256/" in problems[0]
+    assert "spills 16 B" in problems[1] and "did not compile" in problems[2]
+    # an excepted launch may not get slower than the committed table
+    slower = aot.check_floors([excepted], baseline=[{**excepted, "pct_copy_bw_bound": 50.1}])
+    assert slower == [slower[0]] and "50.0% < 50.1% of the committed table" in slower[0]
+    assert aot.check_floors([excepted], baseline=[{**excepted, "pct_copy_bw_bound": 49.0}]) == []
+    table = aot.exceptions_table([fine, excepted, _row(rounding="stochastic", pct_copy_bw_bound=60.0)])
+    assert "| target=sm_90, rounding=stochastic | 2 | 50.0 - 60.0 | random bits |" in table
+
+
+@pytest.fixture(scope="module")
+def quick_rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("aot") / "quick.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "aot.py"), "--quick", "--targets", "sm_90,gfx942",
+                           "--json", str(out)], env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_quick_launches_meet_the_floors_on_hopper_and_mi300(quick_rows):
+    """Every `--quick` launch on sm_90 (>= 85% of copy bandwidth) and gfx942 (>= 70%), by the
+    model, or an `EXCEPTIONS` entry (README: "Below the floor") names it and it is no slower
+    than the committed table bench/results/aot_quick.csv."""
+    import pandas as pd
+
+    aot = _aot_module()
+    assert {r["target"] for r in quick_rows} == {"sm_90", "gfx942"}
+    baseline = json.loads(pd.read_csv(ROOT / "bench" / "results" / "aot_quick.csv").to_json(orient="records"))
+    problems = aot.check_floors(quick_rows, baseline)
+    assert not problems, "\n".join(problems)
