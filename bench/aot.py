@@ -115,7 +115,7 @@ TARGETS = {
     "gfx942": GPU("MI300X", "hip", "gfx942", 5.3, 304, 2.1, 1, 1307, 654, 32, 512, 64, 32),
     "gfx950": GPU("MI355X", "hip", "gfx950", 8.0, 256, 2.4, 1, 2500, 1250, 32, 512, 160, 32),
 }
-QUICK_TARGETS = ("sm_80", "sm_89", "sm_90", "gfx942")
+QUICK_TARGETS = ("sm_80", "sm_89", "sm_90", "sm_100", "gfx942")
 
 
 @dataclass(frozen=True)

@@ -266,3 +266,38 @@ def test_two_stage_hadamard_of_values_near_the_fp32_maximum_stays_finite(g, kind
     assert bool(torch.isfinite(out).all())
     c_cpu = taco.Compressed(c.data.cpu(), c.shape, c.dtype, c.config)
     assert float((out.double() - x.double()).norm()) <= bounds.l2_error_bound(x, c_cpu, x.dtype, U_DOT_HERE)
+
+
+@pytest.mark.parametrize("g", [256, 512])
+def test_batched_second_stage_gives_the_transposed_forms_bytes(g, monkeypatch):
+    """G = 256, 512: the second stage of the transform as a batched dot with the table on the
+    left (KRON 1, sm_90; and sm_100 for FP32 operands) against the transposes around a second dot
+    (KRON 0): the same products, so the same bytes in compress (bf16 and FP32 input) and
+    decompress; the reduce to dense sums its FP32 operands in another order there, so its
+    outputs agree within twice gamma_G of the rows' absolute sums. The interpreter runs both forms
+    in FP32."""
+    from taco_triton.kernels import _launch
+    from taco_triton.kernels.reduce import reduce_triton
+
+    flags = _launch.target_flags
+    cfg = taco.CompressionConfig(group_size=g)
+    xs = [make_input(kind, (3, 8192 + 3 * g), torch.float32, seed=g) for kind in ("outliers", "dense")]
+    numel = xs[0].numel()
+    lay = WireLayout.of(numel, cfg)
+    stride = -(-lay.nbytes // 16) * 16
+    got = {}
+    for kron in (0, 1):
+        monkeypatch.setattr(_launch, "target_flags", lambda target, dtype, k=kron: {**flags(target, dtype), "KRON": k})
+        cs = [taco.compress(x.to(dt), cfg, backend="triton") for x in xs for dt in (torch.bfloat16, torch.float32)]
+        ds = [taco.decompress(c, backend="triton") for c in cs]
+        bufs = torch.zeros(2, stride, dtype=torch.uint8, device=DEVICE)
+        bufs[0, : lay.nbytes], bufs[1, : lay.nbytes] = cs[1].data, cs[3].data
+        dense = reduce_triton(bufs, numel, cfg, dense_out=torch.empty(numel, device=DEVICE))
+        got[kron] = ([c.data for c in cs] + ds, dense.cpu().double())
+    assert all(torch.equal(a, b) for a, b in zip(got[0][0], got[1][0], strict=True))
+    acc = sum(vals * sigma[:, None] for vals, sigma, _ in (ref.load_codes(b[: lay.nbytes].cpu(), numel, cfg) for b in bufs))
+    # the reduce's table is the +-1 matrix and the sum is doubled: each form is within
+    # gamma_G * 2 * sum |acc| of the exact value
+    tol = 2 * _gamma(g, 2.0**-24) * 2 * acc.double().abs().sum(1, keepdim=True)
+    diff = (got[0][1] - got[1][1]).view(-1, g).abs()
+    assert bool((diff <= tol).all()) and bool(torch.isfinite(got[1][1]).all())

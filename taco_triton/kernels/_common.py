@@ -398,24 +398,56 @@ def _dot(a, b, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dot_left(t, b, DOT_PREC: tl.constexpr):
+    """t @ b (batched: [B, M, K] @ [B, K, N]) accumulated in FP32, t a table of signed powers of
+    two: `_dot` with the table on the left, FP32 b split into three bf16 pieces on NVIDIA."""
+    if b.dtype == tl.float32 and DOT_PREC == "tf32x3":
+        ht = t.to(tl.bfloat16)
+        hi = (b.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        r = b - hi
+        mid = (r.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        p_hi = hi.to(tl.bfloat16)
+        p_mid = mid.to(tl.bfloat16)
+        p_lo = (r - mid).to(tl.bfloat16)
+        acc = tl.dot(ht, p_hi, out_dtype=tl.float32)
+        acc = tl.dot(ht, p_mid, acc, out_dtype=tl.float32)
+        return tl.dot(ht, p_lo, acc, out_dtype=tl.float32)
+    elif b.dtype == tl.float32:
+        return tl.dot(t, b, input_precision=DOT_PREC, out_dtype=tl.float32)
+    else:
+        return tl.dot(t, b, out_dtype=tl.float32)
+
+
+@triton.jit
+def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0):
     """x @ T for each of the ROWS rows of x, T the launcher's [G, G] table (scaled +-1 matrix).
 
     G <= 128: one dot with the table h. G = 256, 512: T = h (x) h16 (Kronecker, h of size G/16
-    carrying the scale), two dots with a transpose between, so no operand exceeds 32x32; the
-    second stage's operands are FP32 sums.
+    carrying the scale), two dots, so no operand exceeds 32x32; the second stage's operands are
+    FP32 sums. KRON (`_launch.target_flags`) says how the second stage reaches the group's other
+    axis: 0, transposes around a second dot [ROWS 16, G/16] @ h; 1, a batched dot with the table
+    on the left, h^T @ [G/16, 16] per row, no transpose; 2, the batched dot when the first stage's
+    operands are FP32 (the reduce to dense), else 0. By bench/aot.py the batched form is the
+    cheaper one on sm_90 (compress G=256 73% -> 81% of copy bandwidth), on sm_100 only for FP32
+    operands (reduce to dense G=256 84% -> 100%, compress 63% -> 55%), and the dearer one on sm_80
+    and AMD.
 
     Precision: 16-bit operands (bf16/fp16 inputs, decoded codes) times a power of two are exact
     products, accumulated in FP32. Every dot with FP32 operands (FP32 or pre-scaled inputs of
     compress, the summed ranks of the reduce to dense, the second stage of G = 256/512) runs at
-    DOT_PREC: three TF32 passes on NVIDIA ("tf32x3": only the low x low product is dropped, a
-    relative 2^-22 per product, `bounds.U_DOT["gpu"]`), IEEE FP32 on AMD and in the interpreter.
+    DOT_PREC: on NVIDIA ("tf32x3") three exact bf16 pieces (`_dot`, `_dot_left`: exact products,
+    FP32 accumulation in the tensor cores' order, `bounds.U_DOT["gpu"]`), IEEE FP32 on AMD and in
+    the interpreter.
     """
+    A: tl.constexpr = G // 16
     if G <= 128:
         y = _dot(x, h, DOT_PREC)
     else:
-        A: tl.constexpr = G // 16
         y = _dot(tl.reshape(x, [ROWS * A, 16]), h16, DOT_PREC)
+    if G > 128 and (KRON == 1 or (KRON == 2 and x.dtype == tl.float32)):
+        ht = tl.broadcast_to(tl.trans(h)[None, :, :], [ROWS, A, A])
+        y = tl.reshape(_dot_left(ht, tl.reshape(y, [ROWS, A, 16]), DOT_PREC), [ROWS, G])
+    elif G > 128:
         y = tl.reshape(tl.trans(tl.reshape(y, [ROWS, A, 16]), 0, 2, 1), [ROWS * 16, A])
         y = _dot(y, h, DOT_PREC)
         y = tl.reshape(tl.trans(tl.reshape(y, [ROWS, 16, A]), 0, 2, 1), [ROWS, G])

@@ -83,13 +83,16 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
     in the input's 16-bit dtype (exact on tensor cores; the interpreter's bf16 dot is not, so it
     computes in FP32 there). DOT_PREC: how dots with FP32 operands run. "tf32x3" (NVIDIA, whose
     default for them is one TF32 pass): `_common._dot` splits them into three exact bf16 pieces;
-    AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter.
+    AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter. KRON: how the
+    G = 256/512 transform's second stage is laid out (`_common.hadamard_rows`): batched on sm_90,
+    batched for FP32 operands on sm_100 and later, transposes elsewhere (by bench/aot.py).
     """
     return {
         "HW": target.compiled,
         "FP8_HW": target.fp8_hw,
         "OP16": target.compiled and dtype in (torch.bfloat16, torch.float16),
         "DOT_PREC": "tf32x3" if target.backend == "cuda" else "ieee",
+        "KRON": (1 if int(target.arch) == 90 else 2 if int(target.arch) >= 100 else 0) if target.backend == "cuda" else 0,
     }
 
 

@@ -46,7 +46,7 @@ def _compress_tile(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr,
     DUAL: tl.constexpr, ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, KRON: tl.constexpr,
 ):
     """Compress tile number `tile` of one tensor (both kernels below run this per tile)."""
     ROWS: tl.constexpr = SBT * GPS
@@ -64,7 +64,7 @@ def _compress_tile(
         pre = taco_prescale(tl.sum(x * x, axis=1) * (1.0 / G), finite, CODE_MAX)
         x = x * pre[:, None]
     if HADAMARD:
-        y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC)
+        y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC, KRON)
     else:
         y = x.to(tl.float32)
     quantize_store(y, row_absmax(y), tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
@@ -76,7 +76,7 @@ def _compress_kernel(
     x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, tile0,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr = False,
+    ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0, TAIL: tl.constexpr = False,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
@@ -84,12 +84,12 @@ def _compress_kernel(
     if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
         _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile0, numel, n_groups, n_sb, seed,
                        G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                       OP16, DOT_PREC)
+                       OP16, DOT_PREC, KRON)
     else:
         for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
             _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
                            G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                           OP16, DOT_PREC)
+                           OP16, DOT_PREC, KRON)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -97,7 +97,7 @@ def _compress_slots_kernel(
     x_ptr, out_ptr, desc_ptr, h_ptr, h16_ptr, n_chunks, seed,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
     ELEM_ALIGN: tl.constexpr = 1,
 ):
     """Compress n_chunks pieces of x, each into its slot of one wire buffer, and write each slot's
@@ -139,7 +139,7 @@ def _compress_slots_kernel(
         for tile in range(first, n_tiles, nprog):
             _compress_tile(x_chunk, slot, a_ptr, b_ptr, h, h16, tile, numel, n_groups, n_sb, chunk_seed,
                            G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                           OP16, DOT_PREC)
+                           OP16, DOT_PREC, KRON)
         if pid == j % nprog:
             write_tag(slot, tl.load(d + NBYTES), tl.load(d + SLOT_END), tl.load(d + TAG))
 

@@ -45,7 +45,7 @@ def _decompress_tile(
     codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max, inf_above, bad,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
     PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr,
-    OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, CHECKED: tl.constexpr,
+    OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, CHECKED: tl.constexpr, KRON: tl.constexpr,
 ):
     """Decompress tile number `tile` of one wire buffer; CHECKED: all NaN where `bad` (a slot
     whose tag did not match)."""
@@ -56,7 +56,7 @@ def _decompress_tile(
         sigma = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
     if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
         vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32)
-        y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC)
+        y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC, KRON)
         if not DUAL:  # after the dot: taco_fp32x2's division per group, held across it, spilled on sm_80
             sigma = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
         y = y * (2.0 * sigma)[:, None]
@@ -73,7 +73,8 @@ def _decompress_kernel(
     tile0,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAIL: tl.constexpr = False,
+    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
+    TAIL: tl.constexpr = False,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
@@ -81,12 +82,12 @@ def _decompress_kernel(
     if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
         _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile0, numel, n_groups, n_sb, out_max,
                          inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                         OVERFLOW, False)
+                         OVERFLOW, False, KRON)
     else:
         for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
             _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max,
                              inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                             OVERFLOW, False)
+                             OVERFLOW, False, KRON)
 
 
 @triton.jit(do_not_specialize=["k", "seq"])
@@ -94,7 +95,7 @@ def _decompress_slots_kernel(
     data_ptr, out_ptr, desc_ptr, err_ptr, h_ptr, h16_ptr, n_chunks, out_max, inf_above, k, seq,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
+    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
     ELEM_ALIGN: tl.constexpr = 1,
 ):
     """Decompress n_chunks slots of one received buffer into their pieces of out, in one launch.
@@ -134,7 +135,7 @@ def _decompress_slots_kernel(
         for tile in range(first, n_tiles, nprog):
             _decompress_tile(slot, a_ptr, b_ptr, out_chunk, h, h16, tile, numel, n_groups, n_sb, out_max, inf_above,
                              bad, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                             OVERFLOW, True)
+                             OVERFLOW, True, KRON)
 
 
 def _meta(out_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int,

@@ -42,7 +42,7 @@ def _reduce_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
-    DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False,
+    DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False, KRON: tl.constexpr = 0,
 ):
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
@@ -85,7 +85,7 @@ def _reduce_kernel(
             acc = tl.where(bad, float("nan"), acc)
         if DENSE:
             if HADAMARD:
-                acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC) * 2.0
+                acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC, KRON) * 2.0
             store_dense(acc, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
         else:
             amax = row_absmax(acc)
