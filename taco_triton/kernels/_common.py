@@ -128,19 +128,46 @@ def decode_ue4m4(code):
 
 
 @triton.jit
+def encode_fp8_rne(v, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """FP8 codes (int32, sign in bit 7) of finite FP32 v, round-to-nearest-even, by one FP32 add.
+
+    With E = max(exponent of |v|, EMIN), the code grid's step near |v| is 2^(E - MBITS), and
+    C = 2^(E + 23 - MBITS) is a power of two whose FP32 ulp is that step: s = |v| + C rounds |v|
+    to the grid in one correctly rounded add (ties to even: C / step = 2^23 is even), and stays
+    in C's binade (|v| < 2^(E + 1)). So s's bits minus C's are the grid index k, and the code is
+    ((E - EMIN) << MBITS) + k (reference.encode_codes_bits), E read from C's exponent field; a
+    round-up to the next binade (k = 2^(MBITS + 1)) carries into the exponent by itself,
+    subnormal codes (E = EMIN) fall out of the same formula. About 8 instructions per element
+    (the integer-bit encoder: about 22). Bit-identical to the integer-bit encoder
+    (reference.encode_codes_bits) for every |v| up to the midpoint between code_max and the next
+    step (464 for E4M3, 61440 for E5M2); below it |v| rounds to at most code_max, so values a few
+    ulps past code_max need no clamp (`saturating_encoder`). Larger values, NaN and Inf give no
+    meaningful code (`quantize_store` never passes them).
+    """
+    b = v.to(tl.int32, bitcast=True)
+    c_bits = tl.maximum(b & 0x7F800000, (EMIN + 127) << 23) + ((23 - MBITS) << 23)
+    s_bits = (tl.abs(v) + c_bits.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    # (E - EMIN) << MBITS = (c_bits >> (23 - MBITS)) - ((127 + 23 - MBITS + EMIN) << MBITS)
+    mag = (s_bits - c_bits) + ((c_bits >> (23 - MBITS)) - ((127 + 23 - MBITS + EMIN) << MBITS))
+    return mag | ((b >> 24) & 0x80)
+
+
+@triton.jit
 def encode_codes(v, rand, CODEC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                  ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr):
     """u8 codes of scaled values |v| <= code_max (reference.encode_codes_bits / encode_codes).
 
-    The hardware's saturating round-to-nearest-even FP8 conversions where they exist (FP8_HW:
-    sm_89+), INT8 by the magic-number add; elsewhere (the interpreter, sm_80, AMD's FP8 flavours)
-    and for stochastic rounding, an integer-bit encoder that matches torch's casts bit for bit and
-    needs |v| <= code_max (`saturating_encoder` says which).
+    Round to nearest even: the hardware's saturating FP8 conversions where they exist (FP8_HW:
+    sm_89+), elsewhere (the interpreter, sm_80, AMD's FP8 flavours) `encode_fp8_rne`; INT8 by the
+    magic-number add. Stochastic rounding: an integer-bit encoder. All match torch's casts bit for
+    bit; `saturating_encoder` says which need |v| <= code_max.
     """
     if FP8_HW and ROUND == NEAREST and CODEC == E4M3:
         return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     elif FP8_HW and ROUND == NEAREST and CODEC == E5M2:
         return v.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    elif ROUND == NEAREST and CODEC != INT8:
+        return encode_fp8_rne(v, MBITS, EMIN).to(tl.uint8)
     elif ROUND == NEAREST and CODEC == INT8:
         # |v| <= 127(1 + 2^-21): adding 1.5 * 2^23 rounds v to an integer, ties to even, and leaves
         # it in the low mantissa bits in two's complement; one add on every target
@@ -292,8 +319,8 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
 @triton.jit
 def saturating_encoder(CODEC: tl.constexpr, ROUND: tl.constexpr, FP8_HW: tl.constexpr):
     """True when `encode_codes` needs no clamp of v to +-code_max (values at most a few FP32 ulps
-    past it saturate or round to the largest code by themselves)."""
-    return ROUND == NEAREST and (CODEC == INT8 or FP8_HW)
+    past it saturate or round to the largest code by themselves): every round-to-nearest encoder."""
+    return ROUND == NEAREST
 
 
 @triton.jit
