@@ -16,7 +16,7 @@ import triton.language as tl
 
 from taco_triton import reference as ref
 from taco_triton.config import CODEC_SPECS
-from taco_triton.kernels._common import CODEC_IDS, NEAREST, encode_codes
+from taco_triton.kernels._common import CODEC_IDS, NEAREST, _dot_k_chunks, encode_codes
 
 FP8 = ["fp8_e4m3", "fp8_e5m2"]
 BLOCK = 1 << 16
@@ -87,3 +87,24 @@ def test_fp8_encoder_edge_values(codec):
     want = torch.tensor([c[1] for c in cases], dtype=torch.uint8)
     assert torch.equal(_kernel_codes(v, codec, True), want)
     assert torch.equal(ref.encode_codes_bits(v, spec), want)
+
+
+@triton.jit
+def _k_chunks_kernel(a_ptr, b_ptr, out_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+    i, k, j = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(a_ptr + i[:, None] * K + k[None, :])
+    b = tl.load(b_ptr + k[:, None] * N + j[None, :])
+    tl.store(out_ptr + i[:, None] * N + j[None, :], _dot_k_chunks(a, b, "ieee"))
+
+
+def test_dot_by_k_chunks_pairs_each_column_chunk_with_its_row_chunk():
+    """`_dot_k_chunks` (the FP32-input compress dot on sm_80) equals a @ b up to FP32 summation:
+    a wrong pairing of a's column chunks with b's row chunks would be off by O(1)."""
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(16, 128, generator=g)
+    b = torch.randint(-1, 2, (128, 32), generator=g).float()  # +-1, 0: a table-like operand
+    out = torch.empty(16, 32)
+    _k_chunks_kernel[(1,)](a, b, out, M=16, K=128, N=32)
+    want = a.double() @ b.double()
+    bound = 128 * 2.0**-24 * (a.double().abs() @ b.double().abs())  # gamma_K |a| |b|
+    assert bool(((out.double() - want).abs() <= bound).all())

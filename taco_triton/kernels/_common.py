@@ -425,7 +425,29 @@ def _dot(a, b, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dot_k_chunks(a, b, DOT_PREC: tl.constexpr):
+    """`_dot` as a sum of dots over 32-column chunks of a (rows of b), halving K recursively.
+
+    For FP32 a on mma.sync targets: each warp holds all rows of its A operand, so the three bf16
+    pieces of a [64, 128] a take 384 registers per thread at once; by chunks of 32 they take 96
+    (bench/aot.py, sm_80 compress of FP32 input: 32 registers and an 8 KB stack in one dot, 64 B
+    of spill in chunks). Each chunk's dot accumulates in FP32 and the partial sums add in FP32:
+    another summation order of the same products, within the same error bound.
+    """
+    if a.shape[1] >= 64:
+        M: tl.constexpr = a.shape[0]
+        K2: tl.constexpr = a.shape[1] // 2
+        N: tl.constexpr = b.shape[1]
+        a0, a1 = tl.split(tl.permute(tl.reshape(a, [M, 2, K2]), 0, 2, 1))
+        b0, b1 = tl.split(tl.permute(tl.reshape(b, [2, K2, N]), 1, 2, 0))
+        return _dot_k_chunks(a1, b1, DOT_PREC) + _dot_k_chunks(a0, b0, DOT_PREC)
+    else:
+        return _dot(a, b, DOT_PREC)
+
+
+@triton.jit
+def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr,
+                  K_CHUNKS: tl.constexpr = False):
     """x @ T for each of the ROWS rows of x, T the launcher's [G, G] table (scaled +-1 matrix).
 
     G <= 128: one dot with the table h. G = 256, 512: T = h (x) h16 (Kronecker, h of size G/16
@@ -437,8 +459,11 @@ def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.c
     compress, the summed ranks of the reduce to dense, the second stage of G = 256/512) runs at
     DOT_PREC: three TF32 passes on NVIDIA ("tf32x3": only the low x low product is dropped, a
     relative 2^-22 per product, `bounds.U_DOT["gpu"]`), IEEE FP32 on AMD and in the interpreter.
+    K_CHUNKS (G <= 128, FP32 x, NVIDIA): the dot by `_dot_k_chunks`.
     """
-    if G <= 128:
+    if G <= 128 and K_CHUNKS and DOT_PREC == "tf32x3" and x.dtype == tl.float32:
+        y = _dot_k_chunks(x, h, DOT_PREC)
+    elif G <= 128:
         y = _dot(x, h, DOT_PREC)
     else:
         A: tl.constexpr = G // 16
