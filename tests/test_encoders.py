@@ -16,7 +16,8 @@ import triton.language as tl
 
 from taco_triton import reference as ref
 from taco_triton.config import CODEC_SPECS
-from taco_triton.kernels._common import CODEC_IDS, NEAREST, _dot_k_chunks, encode_codes
+from .helpers import DEVICE, ON_GPU
+from taco_triton.kernels._common import CODEC_IDS, NEAREST, _dot_k_chunks, decode_codes, encode_codes
 
 FP8 = ["fp8_e4m3", "fp8_e5m2"]
 BLOCK = 1 << 16
@@ -108,3 +109,48 @@ def test_dot_by_k_chunks_pairs_each_column_chunk_with_its_row_chunk():
     want = a.double() @ b.double()
     bound = 128 * 2.0**-24 * (a.double().abs() @ b.double().abs())  # gamma_K |a| |b|
     assert bool(((out.double() - want).abs() <= bound).all())
+
+
+@triton.jit
+def _decode_kernel(c_ptr, out_ptr, CODEC: tl.constexpr, NV: tl.constexpr, OUT: tl.constexpr):
+    i = tl.arange(0, 256)
+    tl.store(out_ptr + i, decode_codes(tl.load(c_ptr + i), CODEC, False, OUT, NV).to(tl.float32))
+
+
+@pytest.mark.parametrize("out", ["fp16", "fp32"])
+@pytest.mark.parametrize("nv", [True, False], ids=["nvidia", "generic"])
+@pytest.mark.parametrize("codec", FP8)
+def test_fp8_decoder_equals_reference_for_every_code(codec, nv, out):
+    """Every byte, NaN codes and -0 included. The NVIDIA path (E4M3 read as fp8e4b15) runs on GPUs
+    only: the interpreter's own fp8e4b15 conversion loses subnormals, Triton's PTX for it does not
+    (`test_fp8e4b15_ptx_places_e4m3_bits_in_fp16_fields`)."""
+    if nv and not ON_GPU:
+        pytest.skip("the fp8e4b15 conversion is exact in Triton's PTX, not in its interpreter")
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(DEVICE)
+    got = torch.empty(256, device=DEVICE)
+    _decode_kernel[(1,)](codes, got, CODEC=CODEC_IDS[codec], NV=nv, OUT=tl.float16 if out == "fp16" else tl.float32)
+    got, want = got.cpu(), ref.decode_codes(codes.cpu(), CODEC_SPECS[codec])
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32))  # -0 too
+
+
+def test_fp8e4b15_ptx_places_e4m3_bits_in_fp16_fields():
+    """Triton's fp8e4b15 -> fp16 conversion on NVIDIA (`triton.language.extra.cuda.utils`, four
+    codes per 32-bit word, the instructions below) is pure bit placement: each code's sign to fp16
+    bit 15, its 7 other bits to bits 13..7, i.e. the fp16 of the E4M3 value times 2^-8, for every
+    code (subnormals exact; 0x7F / 0xFF give +-1.875, which `decode_codes` turns into NaN)."""
+    codes = torch.arange(256, dtype=torch.int64)
+    words = codes[:, None] | (codes.roll(1)[:, None] << 8) | (codes.roll(2)[:, None] << 16) | (codes.roll(3)[:, None] << 24)
+    w = words.flatten()
+    byte = [(w >> (8 * k)) & 0xFF for k in range(4)]
+    a0 = byte[2] | (byte[0] << 8) | (byte[3] << 16) | (byte[1] << 24)  # prmt.b32 a0, 0, w, 0x5746
+    b0 = (a0 & 0x7F007F00) >> 1                                         # and, shr
+    b1 = (a0 & 0x00FF00FF) + (a0 & 0x00800080)                          # and, and, add
+    out0 = b0 | (a0 & 0x80008000)                                       # lop3 0xf8: b0 | (0x80008000 & a0)
+    out1 = (b1 << 7) & 0xFFFFFFFF                                       # shl
+    halves = [out0 & 0xFFFF, out0 >> 16, out1 & 0xFFFF, out1 >> 16]     # codes 0, 1, 2, 3 of the word
+    got = torch.stack(halves, 1).to(torch.int16).view(torch.float16).float() * 256.0
+    want = ref.decode_codes(torch.stack(byte, 1).to(torch.uint8), CODEC_SPECS["fp8_e4m3"])
+    nan = want.isnan()
+    assert torch.equal(got[nan].abs(), torch.full_like(got[nan], 480.0))  # 1.875 * 256: the NaN codes
+    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))

@@ -324,7 +324,8 @@ def saturating_encoder(CODEC: tl.constexpr, ROUND: tl.constexpr, FP8_HW: tl.cons
 
 
 @triton.jit
-def decode_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, OUT_DTYPE: tl.constexpr):
+def decode_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                 NV: tl.constexpr = False):
     """Values of u8 codes in OUT_DTYPE (reference.decode_codes); exact in fp16 for every codec.
 
     Without hardware FP8 conversions (sm_80, AMD, the interpreter) the code's bits are placed in
@@ -338,6 +339,10 @@ def decode_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, OUT_DTYPE: tl
         return codes.to(tl.float8e5, bitcast=True).to(OUT_DTYPE)
     elif CODEC == E5M2:  # an E5M2 code is the top byte of the fp16 with the same value
         return (codes.to(tl.int16) << 8).to(tl.float16, bitcast=True).to(OUT_DTYPE)
+    elif NV:  # E4M3 read as Triton's fp8e4b15 (bias 15: the value times 2^-8), 4 codes at a time
+        v = codes.to(tl.float8e4b15, bitcast=True).to(tl.float16)
+        v = tl.where(tl.abs(v) > 1.75, float("nan"), v) * 256.0  # code 0x7F: 1.875 there, NaN here
+        return v.to(OUT_DTYPE)
     else:  # E4M3 bits moved into fp16's fields, then the exponent bias (7 vs 15) fixed by 2^8
         c = codes.to(tl.int16)
         v = (((c & 0x80) << 8) | ((c & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32) * 256.0

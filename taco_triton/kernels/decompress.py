@@ -54,7 +54,7 @@ def _decompress_tile(
     codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
     sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
     if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
-        vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32)
+        vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32, DOT_PREC == "tf32x3")
         y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC) * (2.0 * sigma)[:, None]
     else:
         y = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
