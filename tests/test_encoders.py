@@ -17,7 +17,7 @@ import triton.language as tl
 from taco_triton import reference as ref
 from taco_triton.config import CODEC_SPECS
 from .helpers import DEVICE, ON_GPU
-from taco_triton.kernels._common import CODEC_IDS, NEAREST, _dot_k_chunks, decode_codes, encode_codes
+from taco_triton.kernels._common import CODEC_IDS, NEAREST, _dot_k_chunks, decode_codes, encode_codes, hadamard_rows
 
 FP8 = ["fp8_e4m3", "fp8_e5m2"]
 BLOCK = 1 << 16
@@ -154,3 +154,24 @@ def test_fp8e4b15_ptx_places_e4m3_bits_in_fp16_fields():
     nan = want.isnan()
     assert torch.equal(got[nan].abs(), torch.full_like(got[nan], 480.0))  # 1.875 * 256: the NaN codes
     assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+
+@triton.jit
+def _rows_kernel(x_ptr, h_ptr, out_ptr, R: tl.constexpr, G: tl.constexpr, TRANSPOSED: tl.constexpr):
+    i, k = tl.arange(0, R), tl.arange(0, G)
+    x = tl.load(x_ptr + i[:, None] * G + k[None, :])
+    h = tl.load(h_ptr + k[:, None] * G + k[None, :])
+    tl.store(out_ptr + i[:, None] * G + k[None, :], hadamard_rows(x, h, h, R, G, "ieee", False, TRANSPOSED))
+
+
+@pytest.mark.parametrize("transposed", [True, False], ids=["transposed", "plain"])
+def test_hadamard_rows_transposed_dot_is_x_times_table(transposed):
+    """The transposed dot (decompress of E4M3 on sm_80) computes x @ T, not x @ T^T: checked with a
+    table that is not symmetric, up to FP32 summation of exact fp16 products."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randint(-64, 65, (16, 64), generator=g).float() / 8).half()  # exact in fp16
+    t = (torch.randint(0, 2, (64, 64), generator=g) * 2 - 1).half()  # +-1, not symmetric
+    assert not torch.equal(t, t.T)
+    out = torch.empty(16, 64)
+    _rows_kernel[(1,)](x, t, out, R=16, G=64, TRANSPOSED=transposed)
+    assert torch.equal(out.double(), x.double() @ t.double())  # sums of multiples of 1/8 below 2^24: exact

@@ -452,7 +452,7 @@ def _dot_k_chunks(a, b, DOT_PREC: tl.constexpr):
 
 @triton.jit
 def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr,
-                  K_CHUNKS: tl.constexpr = False):
+                  K_CHUNKS: tl.constexpr = False, TRANSPOSED: tl.constexpr = False):
     """x @ T for each of the ROWS rows of x, T the launcher's [G, G] table (scaled +-1 matrix).
 
     G <= 128: one dot with the table h. G = 256, 512: T = h (x) h16 (Kronecker, h of size G/16
@@ -465,8 +465,15 @@ def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.c
     DOT_PREC: three TF32 passes on NVIDIA ("tf32x3": only the low x low product is dropped, a
     relative 2^-22 per product, `bounds.U_DOT["gpu"]`), IEEE FP32 on AMD and in the interpreter.
     K_CHUNKS (G <= 128, FP32 x, NVIDIA): the dot by `_dot_k_chunks`.
+    TRANSPOSED (G <= 128, 16-bit x): y = (T^T x^T)^T, the table as the dot's first operand. On
+    mma.sync targets the [64, 128] output of G = 128 is split over 4 warps by columns, so every
+    warp holds (and the decompress decodes) all of x, 4 times over; transposed, the warps split
+    2 x 2 and x is held twice (bench/aot.py, sm_80 decompress: 1.08 -> 0.91 instructions per
+    element). Where the decode is one hardware conversion (sm_89+) it costs more than it saves.
     """
-    if G <= 128 and K_CHUNKS and DOT_PREC == "tf32x3" and x.dtype == tl.float32:
+    if G <= 128 and TRANSPOSED and x.dtype != tl.float32:
+        y = tl.trans(tl.dot(tl.trans(h), tl.trans(x), out_dtype=tl.float32))
+    elif G <= 128 and K_CHUNKS and DOT_PREC == "tf32x3" and x.dtype == tl.float32:
         y = _dot_k_chunks(x, h, DOT_PREC)
     elif G <= 128:
         y = _dot(x, h, DOT_PREC)

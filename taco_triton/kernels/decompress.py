@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables
+from ._common import E4M3, codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, load_scales, store_dense, tile_rows
@@ -55,7 +55,10 @@ def _decompress_tile(
     sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
     if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
         vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32, DOT_PREC == "tf32x3")
-        y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC) * (2.0 * sigma)[:, None]
+        # E4M3 decoded in software on NVIDIA (sm_80): the transposed dot decodes each code twice, not
+        # four times (`hadamard_rows`); no gain at G = 32, or where the decode is cheap
+        y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC, False,
+                          CODEC == E4M3 and G >= 64 and DOT_PREC == "tf32x3" and not FP8_HW) * (2.0 * sigma)[:, None]
     else:
         y = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
     if not DUAL:
