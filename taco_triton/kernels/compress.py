@@ -62,8 +62,8 @@ def _compress_tile(
         finite = row_absmax(x) <= 3.4028234663852886e38
         pre = taco_prescale(tl.div_rn(tl.sum(xs * xs, axis=1), G * 1.0), finite, CODE_MAX)
         x = x * pre[:, None]
-    if HADAMARD:  # FP32 input on sm_80 (no FP8_HW): the dot by K chunks (`_dot_k_chunks`)
-        y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC, DUAL and not OP16 and not FP8_HW)
+    if HADAMARD:  # FP32 input at G = 128 on sm_80 (no FP8_HW): the dot by K chunks (`_dot_k_chunks`)
+        y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC, G == 128 and DUAL and not OP16 and not FP8_HW)
     else:
         y = x.to(tl.float32)
     quantize_store(y, tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
