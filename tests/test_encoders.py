@@ -122,7 +122,7 @@ def _decode_kernel(c_ptr, out_ptr, CODEC: tl.constexpr, NV: tl.constexpr, OUT: t
 @pytest.mark.parametrize("codec", FP8)
 def test_fp8_decoder_equals_reference_for_every_code(codec, nv, out):
     """Every byte, NaN codes and -0 included. The NVIDIA path (E4M3 read as fp8e4b15) runs on GPUs
-    only: the interpreter's own fp8e4b15 conversion loses subnormals, Triton's PTX for it does not
+    only: the interpreter's own fp8e4b15 conversion gets subnormals wrong, Triton's PTX does not
     (`test_fp8e4b15_ptx_places_e4m3_bits_in_fp16_fields`)."""
     if nv and not ON_GPU:
         pytest.skip("the fp8e4b15 conversion is exact in Triton's PTX, not in its interpreter")
