@@ -1,4 +1,5 @@
-"""The kernels' FP8 encoder and decoder (`kernels._common`) against the reference, value by value.
+"""The kernels' FP8 encoder and decoder (`kernels._common`) against the reference, value by value,
+and the two dot arrangements sm_80 uses (K chunks, transposed) against x @ T.
 
 Every FP32 bit pattern's top 16 bits (sign, all exponents, 7 mantissa bits: every position of
 the FP8 rounding cut, normal and subnormal) with the low 16 bits at 0, 1, 2, around the half
@@ -49,10 +50,10 @@ def _midpoint_past_max(spec) -> float:
 
 def _kernel_codes(v: torch.Tensor, codec: str, hw: bool) -> torch.Tensor:
     spec = CODEC_SPECS[codec]
-    out = torch.empty(v.numel(), dtype=torch.uint8)
-    _encode_kernel[(triton.cdiv(v.numel(), BLOCK),)](v, out, v.numel(), CODEC=CODEC_IDS[codec], MBITS=spec.mbits,
-                                                    EMIN=spec.emin, HW=hw, BLOCK=BLOCK)
-    return out
+    out = torch.empty(v.numel(), dtype=torch.uint8, device=DEVICE)
+    _encode_kernel[(triton.cdiv(v.numel(), BLOCK),)](v.to(DEVICE), out, v.numel(), CODEC=CODEC_IDS[codec],
+                                                    MBITS=spec.mbits, EMIN=spec.emin, HW=hw, BLOCK=BLOCK)
+    return out.cpu()
 
 
 @pytest.mark.parametrize("hw", [True, False], ids=["compiled", "interpreter"])
@@ -104,8 +105,9 @@ def test_dot_by_k_chunks_pairs_each_column_chunk_with_its_row_chunk():
     g = torch.Generator().manual_seed(2)
     a = torch.randn(16, 128, generator=g)
     b = torch.randint(-1, 2, (128, 32), generator=g).float()  # +-1, 0: a table-like operand
-    out = torch.empty(16, 32)
-    _k_chunks_kernel[(1,)](a, b, out, M=16, K=128, N=32)
+    out = torch.empty(16, 32, device=DEVICE)
+    _k_chunks_kernel[(1,)](a.to(DEVICE), b.to(DEVICE), out, M=16, K=128, N=32)
+    out = out.cpu()
     want = a.double() @ b.double()
     bound = 128 * 2.0**-24 * (a.double().abs() @ b.double().abs())  # gamma_K |a| |b|
     assert bool(((out.double() - want).abs() <= bound).all())
@@ -172,6 +174,7 @@ def test_hadamard_rows_transposed_dot_is_x_times_table(transposed):
     x = (torch.randint(-64, 65, (16, 64), generator=g).float() / 8).half()  # exact in fp16
     t = (torch.randint(0, 2, (64, 64), generator=g) * 2 - 1).half()  # +-1, not symmetric
     assert not torch.equal(t, t.T)
-    out = torch.empty(16, 64)
-    _rows_kernel[(1,)](x, t, out, R=16, G=64, TRANSPOSED=transposed)
+    out = torch.empty(16, 64, device=DEVICE)
+    _rows_kernel[(1,)](x.to(DEVICE), t.to(DEVICE), out, R=16, G=64, TRANSPOSED=transposed)
+    out = out.cpu()
     assert torch.equal(out.double(), x.double() @ t.double())  # sums of multiples of 1/8 below 2^24: exact
