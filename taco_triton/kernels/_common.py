@@ -128,19 +128,46 @@ def decode_ue4m4(code):
 
 
 @triton.jit
+def encode_fp8_rne(v, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """FP8 codes (int32, sign in bit 7) of finite FP32 v, round-to-nearest-even, by one FP32 add.
+
+    With E = max(exponent of |v|, EMIN), the code grid's step near |v| is 2^(E - MBITS), and
+    C = 2^(E + 23 - MBITS) is a power of two whose FP32 ulp is that step: s = |v| + C rounds |v|
+    to the grid in one correctly rounded add (ties to even: C / step = 2^23 is even), and stays
+    in C's binade (|v| < 2^(E + 1)). So s's bits minus C's are the grid index k, and the code is
+    ((E - EMIN) << MBITS) + k (reference.encode_codes_bits), E read from C's exponent field; a
+    round-up to the next binade (k = 2^(MBITS + 1)) carries into the exponent by itself,
+    subnormal codes (E = EMIN) fall out of the same formula. About 8 instructions per element
+    (the integer-bit encoder: about 22). Bit-identical to the integer-bit encoder
+    (reference.encode_codes_bits) for every |v| up to the midpoint between code_max and the next
+    step (464 for E4M3, 61440 for E5M2); below it |v| rounds to at most code_max, so values a few
+    ulps past code_max need no clamp (`saturating_encoder`). Larger values, NaN and Inf give no
+    meaningful code (`quantize_store` never passes them).
+    """
+    b = v.to(tl.int32, bitcast=True)
+    c_bits = tl.maximum(b & 0x7F800000, (EMIN + 127) << 23) + ((23 - MBITS) << 23)
+    s_bits = (tl.abs(v) + c_bits.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    # (E - EMIN) << MBITS = (c_bits >> (23 - MBITS)) - ((127 + 23 - MBITS + EMIN) << MBITS)
+    mag = (s_bits - c_bits) + ((c_bits >> (23 - MBITS)) - ((127 + 23 - MBITS + EMIN) << MBITS))
+    return mag | ((b >> 24) & 0x80)
+
+
+@triton.jit
 def encode_codes(v, rand, CODEC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                  ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr):
     """u8 codes of scaled values |v| <= code_max (reference.encode_codes_bits / encode_codes).
 
-    The hardware's saturating round-to-nearest-even FP8 conversions where they exist (FP8_HW:
-    sm_89+), INT8 by the magic-number add; elsewhere (the interpreter, sm_80, AMD's FP8 flavours)
-    and for stochastic rounding, an integer-bit encoder that matches torch's casts bit for bit and
-    needs |v| <= code_max (`saturating_encoder` says which).
+    Round to nearest even: the hardware's saturating FP8 conversions where they exist (FP8_HW:
+    sm_89+), elsewhere (the interpreter, sm_80, AMD's FP8 flavours) `encode_fp8_rne`; INT8 by the
+    magic-number add. Stochastic rounding: an integer-bit encoder. All match torch's casts bit for
+    bit; `saturating_encoder` says which need |v| <= code_max.
     """
     if FP8_HW and ROUND == NEAREST and CODEC == E4M3:
         return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     elif FP8_HW and ROUND == NEAREST and CODEC == E5M2:
         return v.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    elif ROUND == NEAREST and CODEC != INT8:
+        return encode_fp8_rne(v, MBITS, EMIN).to(tl.uint8)
     elif ROUND == NEAREST and CODEC == INT8:
         # |v| <= 127(1 + 2^-21): adding 1.5 * 2^23 rounds v to an integer, ties to even, and leaves
         # it in the low mantissa bits in two's complement; one add on every target
@@ -292,16 +319,20 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
 @triton.jit
 def saturating_encoder(CODEC: tl.constexpr, ROUND: tl.constexpr, FP8_HW: tl.constexpr):
     """True when `encode_codes` needs no clamp of v to +-code_max (values at most a few FP32 ulps
-    past it saturate or round to the largest code by themselves)."""
-    return ROUND == NEAREST and (CODEC == INT8 or FP8_HW)
+    past it saturate or round to the largest code by themselves): every round-to-nearest encoder."""
+    return ROUND == NEAREST
 
 
 @triton.jit
-def decode_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, OUT_DTYPE: tl.constexpr):
+def decode_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                 NV: tl.constexpr = False):
     """Values of u8 codes in OUT_DTYPE (reference.decode_codes); exact in fp16 for every codec.
 
     Without hardware FP8 conversions (sm_80, AMD, the interpreter) the code's bits are placed in
     an fp16's fields: every E4M3 and E5M2 value, subnormals, Inf and NaN included, is an fp16.
+    NV (compiled for NVIDIA): E4M3 goes through Triton's fp8e4b15 conversion, the same bit
+    placement done by one PTX sequence per four codes (about 2 instructions per code instead of
+    about 9; the interpreter's own fp8e4b15 conversion gets subnormals wrong, so not there).
     """
     if CODEC == INT8:
         return codes.to(tl.int8, bitcast=True).to(OUT_DTYPE)
@@ -311,6 +342,10 @@ def decode_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, OUT_DTYPE: tl
         return codes.to(tl.float8e5, bitcast=True).to(OUT_DTYPE)
     elif CODEC == E5M2:  # an E5M2 code is the top byte of the fp16 with the same value
         return (codes.to(tl.int16) << 8).to(tl.float16, bitcast=True).to(OUT_DTYPE)
+    elif NV:  # E4M3 read as Triton's fp8e4b15 (bias 15: the value times 2^-8), 4 codes at a time
+        v = codes.to(tl.float8e4b15, bitcast=True).to(tl.float16)
+        v = tl.where(tl.abs(v) > 1.75, float("nan"), v) * 256.0  # code 0x7F: 1.875 there, NaN here
+        return v.to(OUT_DTYPE)
     else:  # E4M3 bits moved into fp16's fields, then the exponent bias (7 vs 15) fixed by 2^8
         c = codes.to(tl.int16)
         v = (((c & 0x80) << 8) | ((c & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
@@ -419,7 +454,29 @@ def _dot_left(t, b, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0):
+def _dot_k_chunks(a, b, DOT_PREC: tl.constexpr):
+    """`_dot` as a sum of dots over 32-column chunks of a (rows of b), halving K recursively.
+
+    For FP32 a on mma.sync targets: each warp holds all rows of its A operand, so the three bf16
+    pieces of a [64, 128] a take 384 registers per thread at once; by chunks of 32 they take 96
+    (bench/aot.py, sm_80 compress of FP32 input: 32 registers and an 8 KB stack in one dot, 64 B
+    of spill in chunks). Each chunk's dot accumulates in FP32 and the partial sums add in FP32:
+    another summation order of the same products, within the same error bound.
+    """
+    if a.shape[1] >= 64:
+        M: tl.constexpr = a.shape[0]
+        K2: tl.constexpr = a.shape[1] // 2
+        N: tl.constexpr = b.shape[1]
+        a0, a1 = tl.split(tl.permute(tl.reshape(a, [M, 2, K2]), 0, 2, 1))
+        b0, b1 = tl.split(tl.permute(tl.reshape(b, [2, K2, N]), 1, 2, 0))
+        return _dot_k_chunks(a1, b1, DOT_PREC) + _dot_k_chunks(a0, b0, DOT_PREC)
+    else:
+        return _dot(a, b, DOT_PREC)
+
+
+@triton.jit
+def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
+                  K_CHUNKS: tl.constexpr = False, TRANSPOSED: tl.constexpr = False):
     """x @ T for each of the ROWS rows of x, T the launcher's [G, G] table (scaled +-1 matrix).
 
     G <= 128: one dot with the table h. G = 256, 512: T = h (x) h16 (Kronecker, h of size G/16
@@ -438,9 +495,19 @@ def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.c
     DOT_PREC: on NVIDIA ("tf32x3") three exact bf16 pieces (`_dot`, `_dot_left`: exact products,
     FP32 accumulation in the tensor cores' order, `bounds.U_DOT["gpu"]`), IEEE FP32 on AMD and in
     the interpreter.
+    K_CHUNKS (G <= 128, FP32 x, NVIDIA): the dot by `_dot_k_chunks`.
+    TRANSPOSED (G <= 128, 16-bit x): y = (T^T x^T)^T, the table as the dot's first operand. On
+    mma.sync targets the [64, 128] output of G = 128 is split over 4 warps by columns, so every
+    warp holds (and the decompress decodes) all of x, 4 times over; transposed, the warps split
+    2 x 2 and x is held twice (bench/aot.py, sm_80 decompress: 1.08 -> 0.91 instructions per
+    element). Where the decode is one hardware conversion (sm_89+) it costs more than it saves.
     """
     A: tl.constexpr = G // 16
-    if G <= 128:
+    if G <= 128 and TRANSPOSED and x.dtype != tl.float32:
+        y = tl.trans(tl.dot(tl.trans(h), tl.trans(x), out_dtype=tl.float32))
+    elif G <= 128 and K_CHUNKS and DOT_PREC == "tf32x3" and x.dtype == tl.float32:
+        y = _dot_k_chunks(x, h, DOT_PREC)
+    elif G <= 128:
         y = _dot(x, h, DOT_PREC)
     else:
         y = _dot(tl.reshape(x, [ROWS * A, 16]), h16, DOT_PREC)

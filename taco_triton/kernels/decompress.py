@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables
+from ._common import E4M3, codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, load_scales, store_dense, tile_rows
@@ -55,8 +55,11 @@ def _decompress_tile(
     if DUAL or not HADAMARD:
         sigma = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
     if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
-        vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32)
-        y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC, KRON)
+        vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32, DOT_PREC == "tf32x3")
+        # E4M3 decoded in software on NVIDIA (sm_80): the transposed dot decodes each code twice, not
+        # four times (`hadamard_rows`); no gain at G = 32, or where the decode is cheap
+        y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC, KRON, False,
+                          CODEC == E4M3 and G >= 64 and DOT_PREC == "tf32x3" and not FP8_HW)
         if not DUAL:  # after the dot: taco_fp32x2's division per group, held across it, spilled on sm_80
             sigma = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
         y = y * (2.0 * sigma)[:, None]

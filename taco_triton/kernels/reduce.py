@@ -76,7 +76,7 @@ def _reduce_kernel(
         for _p in range(n_ranks):
             codes = load_codes(c_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
             sigma = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
-            acc += decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
+            acc += decode_codes(codes, CODEC, FP8_HW, tl.float32, DOT_PREC == "tf32x3") * sigma[:, None]
             c_ptr += stride_codes
             a_ptr += stride_a
             b_ptr += stride_b
