@@ -28,7 +28,18 @@ The model. Per element, a kernel needs
     t_tc    = tensor-core flops / tensor-core peak of the operand type
 and pct_copy_bw_bound = 100 * t_mem / max(t_mem, t_issue, t_tc): an optimistic ceiling (no
 stalls, perfect overlap), so real kernels land below it. NVIDIA issues 4 warp-instructions per
-clock per SM; AMD CDNA one wave64 VALU instruction per clock per CU (4 SIMD16 units). Copy
+clock per SM. AMD CDNA (see `amd_issue_per_elem`): each clock the CU's scheduler turns to one of
+its 4 SIMDs and issues at most one instruction per wave of that SIMD and at most one per class
+(VALU incl. MFMA, SALU/SMEM, VMEM, LDS, branch), so a SIMD takes one instruction per class every
+4 clocks (a wave64 VALU op runs 4 clocks on a SIMD16: one VALU wave-instruction per clock per
+CU), and a wave issues one instruction every 4 clocks at most:
+    issue per element = max(max over classes of (class instructions per element),
+                            instructions per element / waves per SIMD)
+(the first term is the limit with enough resident waves, the second that of too few; with one
+wave per SIMD every instruction is serial and the sum counts). Per-class columns valu_per_elem,
+salu_per_elem, vmem_per_elem, lds_per_elem, branch_per_elem, internal_per_elem (s_waitcnt,
+s_nop, s_barrier, ...: no unit, but the wave's turn) and issue_limiter ("VALU", ..., or "waves")
+say which term binds. Copy
 bandwidth is 90% of the spec-sheet HBM/GDDR bandwidth (a measured H200 device-to-device copy
 reached 4.3 TB/s of 4.8). The constants are spec-sheet values of one representative GPU per
 target (TARGETS below); they are a model, not a measurement.
@@ -88,7 +99,7 @@ class GPU:
     hbm_tbs: float       # spec memory bandwidth, TB/s
     units: int           # SMs or CUs
     clock_ghz: float     # boost clock
-    issue: float         # warp/wave instructions per clock per SM/CU
+    issue: float         # warp-instructions per clock per SM; AMD: issue turns (one VALU each) per clock per CU
     tc16_tflops: float   # dense bf16/fp16 tensor-core peak
     tf32_tflops: float   # dense tf32 tensor-core peak
     max_warps: int       # resident warps (AMD: waves) per SM (CU)
@@ -235,6 +246,8 @@ def combine(parts: list[tuple[int, dict]]) -> dict:
     out["instr_per_tile"] = sum(n * a["instr_per_tile"] for n, a in parts) / total
     out["slow_instr_per_tile"] = sum(n * a["slow_instr_per_tile"] for n, a in parts) / total
     out["mma"] = [(f, w * n / total) for n, a in parts for f, w in a["mma"]]
+    if all("classes" in a for _, a in parts):
+        out["classes"] = {c: sum(n * a["classes"][c] for n, a in parts) / total for c in parts[0][1]["classes"]}
     out["static_instr"] = sum(a["static_instr"] for _, a in parts)
     out["spill_bytes"] = max(a["spill_bytes"] for _, a in parts)
     out["slow_calls_per_tile"] = max(a["slow_calls_per_tile"] for _, a in parts)
@@ -437,11 +450,56 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
     loops = _loop_bodies(instrs, is_branch, target_of)
     per_tile, weighted = _per_tile_instructions(instrs, loops, RANKS)
     mma = [(_mma_flops(instrs[i][1], "hip"), w) for i, w in weighted]
+    classes = dict.fromkeys(AMD_CLASSES, 0)
+    for i, w in weighted:
+        classes[amd_class(instrs[i][1])] += w
     # AMD's division and square root are inline sequences (no subroutine): already counted
     return {"regs": vgpr + agpr, "spill_bytes": scratch, "smem_bytes": lds, "smem_dynamic": kernel.metadata.shared,
             "instr_per_tile": per_tile, "static_instr": len(instrs),
             "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
-            "slow_calls_per_tile": 0, "slow_instr_per_tile": 0}
+            "slow_calls_per_tile": 0, "slow_instr_per_tile": 0, "classes": classes}
+
+
+#: The instruction classes of AMD's CU scheduler, each issued to its own unit (AMD, ROCm Compute
+#: Profiler, "Pipeline descriptions", section Scheduler: per clock the scheduler considers one
+#: SIMD, round-robin, and issues up to one instruction per wave of it and up to one per category,
+#: VALU, VMEM, SALU/SMEM, LDS, branch; MFMA instructions issue through the VALU). "internal":
+#: instructions handled in the instruction buffer without a unit (the same page, after the GCN
+#: crash course: s_nop, s_waitcnt, s_barrier, s_setprio, s_sleep), which still take a wave's turn.
+AMD_CLASSES = ("valu", "salu", "vmem", "lds", "branch", "internal")
+_AMD_INTERNAL = re.compile(r"s_(nop|waitcnt\w*|barrier|setprio|sleep|sethalt|trap|icache_inv|ttracedata)\b")
+
+
+def amd_class(text: str) -> str:
+    """The scheduler class of one AMDGCN instruction (its text, mnemonic first)."""
+    op = text.split()[0]
+    if op.startswith("v_"):
+        return "valu"  # v_mfma, v_accvgpr_* and v_pk_* included: one VALU issue each
+    if op.startswith(("global_", "buffer_", "flat_", "scratch_")):
+        return "vmem"
+    if op.startswith("ds_"):
+        return "lds"
+    if op.startswith(("s_branch", "s_cbranch", "s_setpc", "s_swappc")):
+        return "branch"
+    if _AMD_INTERNAL.match(op):
+        return "internal"
+    return "salu"  # scalar ALU and scalar memory share one issue port
+
+
+def amd_issue_per_elem(per_class: dict, occupancy: float, gpu: GPU) -> tuple[float, str]:
+    """(issue cost per element in VALU-instruction clocks of one CU, what binds it) on AMD CDNA.
+
+    Each SIMD is offered one issue turn every 4 clocks; in a turn it issues at most one instruction
+    per class and one per wave (`AMD_CLASSES` gives the source). Over a tile the turns needed are
+    at least every class's count and the whole count over the resident waves per SIMD; a CU runs
+    one turn per clock over its 4 SIMDs. per_class: wave-instructions per element by class.
+    """
+    waves_per_simd = max(occupancy * gpu.max_warps / 4, 1e-9)
+    simds_busy = min(waves_per_simd, 1.0)  # fewer than 4 resident waves leave SIMDs idle
+    terms = {c.upper(): n / simds_busy for c, n in per_class.items() if c != "internal"}
+    terms["waves"] = sum(per_class.values()) / waves_per_simd
+    limiter = max(terms, key=terms.get)
+    return terms[limiter], limiter
 
 
 def occupancy(gpu: GPU, warps: int, regs: int, smem: int) -> tuple[float, str]:
@@ -476,18 +534,25 @@ def model(v: Variant, gpu: GPU, a: dict) -> dict:
     flops32 = sum(f * w for (f, cls), w in a["mma"] if cls == "tf32") * v.num_warps / tile
     n_mma = sum(w for _, w in a["mma"]) * v.num_warps / tile
     t_mem = bytes_per_elem(v) / gpu.copy_bw
-    t_issue = instr / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
-    t_tc = flops16 / (gpu.tc16_tflops * 1e12) + flops32 / (gpu.tf32_tflops * 1e12)
     occ, limiter = occupancy(gpu, v.num_warps, a["regs"], a["smem_bytes"] + a["smem_dynamic"])
+    extra = {}
+    issued = instr
+    if "classes" in a:  # AMD: the classes issue in parallel (amd_issue_per_elem)
+        per_class = {c: n * v.num_warps / tile for c, n in a["classes"].items()}
+        issued, extra["issue_limiter"] = amd_issue_per_elem(per_class, occ, gpu)
+        extra.update({f"{c}_per_elem": round(n, 4) for c, n in per_class.items()})
+    t_issue = issued / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
+    t_tc = flops16 / (gpu.tc16_tflops * 1e12) + flops32 / (gpu.tf32_tflops * 1e12)
     bound = 100.0 * t_mem / max(t_mem, t_issue, t_tc)
     instr_worst = (a["instr_per_tile"] + a["slow_instr_per_tile"]) * v.num_warps / tile
-    t_worst = instr_worst / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
+    # AMD has no slow-path calls (instr_worst == instr): its worst case is its issue bound
+    t_worst = (issued if "classes" in a else instr_worst) / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
     return {"instr_per_elem": round(instr, 4), "mma_per_elem": round(n_mma, 5),
             "tc_flops_per_elem": round(flops16 + flops32, 1), "occupancy": round(occ, 3), "occupancy_limiter": limiter,
             "bytes_per_elem": round(bytes_per_elem(v), 4), "pct_copy_bw_bound": round(bound, 1),
             "bound_by": "memory" if bound >= 99.95 else ("issue" if t_issue >= t_tc else "tensor cores"),
             "slow_calls_per_tile": a["slow_calls_per_tile"], "instr_per_elem_worst": round(instr_worst, 4),
-            "pct_copy_bw_bound_worst": round(100.0 * t_mem / max(t_mem, t_worst, t_tc), 1)}
+            "pct_copy_bw_bound_worst": round(100.0 * t_mem / max(t_mem, t_worst, t_tc), 1), **extra}
 
 
 def evaluate(v: Variant, target: str) -> dict:

@@ -159,3 +159,42 @@ def test_odd_sizes_are_modelled_as_the_aligned_main_launch_and_its_tail():
     assert got["mma"] == [((8, "16"), 1.5), ((8, "16"), 0.5)] and got["static_instr"] == 100
     assert got["spill_bytes"] == 8 and got["slow_calls_per_tile"] == 3 and got["regs"] == 128
     assert aot.combine([(5, a)]) is a
+
+
+def test_amd_instructions_are_split_into_the_scheduler_classes():
+    """gfx942's CU issues each class (VALU incl. MFMA, SALU/SMEM, VMEM, LDS, branch) to its own
+    unit, one per class per SIMD turn and one per wave per turn: the model counts the loop body by
+    class and its issue cost is the largest class with enough waves, the whole count with one."""
+    from types import SimpleNamespace
+
+    aot = _aot_module()
+    asm = "\n".join([
+        "\ts_mov_b32 s2, 0",
+        ".LBB0_1:                                ; %loop",
+        "\tglobal_load_dwordx4 v[0:3], v8, s[0:1]",
+        "\ts_waitcnt vmcnt(0)",
+        "\tv_pk_mul_f32 v[0:1], v[0:1], v[2:3]",
+        "\tv_mfma_f32_32x32x8_bf16 v[0:15], v[0:1], v[2:3], 0",
+        "\tv_cvt_pk_fp8_f32 v4, v0, v1",
+        "\tds_write_b32 v8, v4",
+        "\ts_nop 1",
+        "\tds_read_b32 v5, v8",
+        "\tbuffer_store_dword v5, v8, s[4:7], 0 offen",
+        "\ts_load_dword s9, s[0:1], 0x10",
+        "\ts_add_i32 s2, s2, 1",
+        "\ts_cmp_lt_i32 s2, 8",
+        "\ts_cbranch_scc1 .LBB0_1",
+        "\ts_endpgm",
+        ".Lfunc_end0:",
+        "\t.vgpr_count:     16",
+    ])
+    kernel = SimpleNamespace(asm={"amdgcn": asm}, metadata=SimpleNamespace(shared=0))
+    a = aot.analyze_hip(kernel, aot.TARGETS["gfx942"])
+    assert a["instr_per_tile"] == 13
+    assert a["classes"] == {"valu": 3, "salu": 3, "vmem": 2, "lds": 2, "branch": 1, "internal": 2}
+    gpu = aot.TARGETS["gfx942"]  # 32 waves per CU: occupancy 1/8 is one wave per SIMD
+    per_class = {c: float(n) for c, n in a["classes"].items()}
+    assert aot.amd_issue_per_elem(per_class, 1 / 8, gpu) == (13.0, "waves")  # one wave: all serial
+    assert aot.amd_issue_per_elem(per_class, 2 / 8, gpu) == (6.5, "waves")
+    assert aot.amd_issue_per_elem(per_class, 1.0, gpu) == (3.0, "VALU")      # 8 waves: the largest class
+    assert aot.amd_issue_per_elem({**per_class, "salu": 5.0}, 1.0, gpu) == (5.0, "SALU")
