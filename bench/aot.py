@@ -328,13 +328,20 @@ def _loop_bodies(instrs: list[tuple[int, str]], is_branch, target_of) -> list[tu
 
 
 def _per_tile_instructions(instrs, loops, ranks: int) -> tuple[int, list]:
-    """Dynamic estimate per tile: the outermost loop's body, inner loops counted `ranks` times."""
+    """Dynamic estimate per tile: the outermost loop's body, inner loops counted `ranks` times.
+
+    A loop is its header (the branch target): several back-edges to one header (AMDGCN's loop
+    latch is reached from each end of the body's branches) are one loop, spanning to the last
+    of them, not loops nested in each other."""
     if not loops:
         return len(instrs), [(i, 1) for i in range(len(instrs))]
-    outer = max(loops, key=lambda ab: ab[1] - ab[0])
-    weights = [1] * (outer[1] - outer[0] + 1)
+    spans: dict[int, int] = {}
     for a, b in loops:
-        if (a, b) != outer and outer[0] <= a and b <= outer[1]:
+        spans[a] = max(spans.get(a, b), b)
+    outer = max(spans.items(), key=lambda ab: ab[1] - ab[0])
+    weights = [1] * (outer[1] - outer[0] + 1)
+    for a, b in spans.items():
+        if a != outer[0] and outer[0] <= a and b <= outer[1]:
             for i in range(a, b + 1):
                 weights[i - outer[0]] = ranks
     return sum(weights), [(outer[0] + i, w) for i, w in enumerate(weights)]

@@ -198,3 +198,28 @@ def test_amd_instructions_are_split_into_the_scheduler_classes():
     assert aot.amd_issue_per_elem(per_class, 2 / 8, gpu) == (6.5, "waves")
     assert aot.amd_issue_per_elem(per_class, 1.0, gpu) == (3.0, "VALU")      # 8 waves: the largest class
     assert aot.amd_issue_per_elem({**per_class, "salu": 5.0}, 1.0, gpu) == (5.0, "SALU")
+
+
+def test_back_edges_to_one_loop_header_are_one_loop():
+    """AMDGCN often ends a loop body in several places, each branching back to the same latch
+    block: that is one loop (each instruction once per tile), not loops nested in each other
+    (which would count the first part RANKS times)."""
+    from types import SimpleNamespace
+
+    aot = _aot_module()
+    asm = "\n".join([
+        "\ts_mov_b32 s2, 0",
+        ".LBB0_1:                                ; %latch",
+        "\ts_add_i32 s2, s2, 1",
+        "\tv_add_f32_e32 v1, v1, v1",
+        "\ts_cbranch_execz .LBB0_1",
+        "\tv_mul_f32_e32 v1, v1, v1",
+        "\ts_cmp_lt_i32 s2, 8",
+        "\ts_cbranch_scc1 .LBB0_1",
+        "\ts_endpgm",
+        ".Lfunc_end0:",
+    ])
+    kernel = SimpleNamespace(asm={"amdgcn": asm}, metadata=SimpleNamespace(shared=0))
+    a = aot.analyze_hip(kernel, aot.TARGETS["gfx942"])
+    assert a["instr_per_tile"] == 6  # add, add, branch, mul, compare, branch: each once
+    assert a["classes"] == {"valu": 2, "salu": 2, "vmem": 0, "lds": 0, "branch": 2, "internal": 0}
