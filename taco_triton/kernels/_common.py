@@ -436,3 +436,24 @@ def to_out_dtype(y, out_ptr, HW: tl.constexpr):
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         y = b.to(tl.float32, bitcast=True)
     return y.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def encode_fp8_fnuz(v, CODEC: tl.constexpr):
+    """OCP FP8 codes of |v| <= code_max, rounded to nearest even, through AMD CDNA3's FNUZ
+    conversions (v_cvt_pk_fp8_f32 / v_cvt_pk_bf8_f32: two values per instruction).
+
+    e4m3fnuz and e5m2fnuz have the exponent bias of OCP's e4m3fn and e5m2 plus one, so the FNUZ
+    code of v / 2 has the bits of the OCP code of v, subnormals included (halving is exact and
+    maps one grid onto the other, so round-to-nearest-even picks the same code). The formats
+    differ only where the encoder never goes: FNUZ has no -0 (a negative v that rounds to zero
+    gives +0, so the sign bit is put back from v) and its largest magnitudes (v / 2 above 224) are
+    OCP's NaN codes, which |v| <= code_max never reaches. Equals `encode_codes` (nearest).
+    """
+    half = v * 0.5
+    if CODEC == E4M3:
+        fnuz = half.to(tl.float8e4b8).to(tl.uint8, bitcast=True)
+    else:
+        fnuz = half.to(tl.float8e5b16).to(tl.uint8, bitcast=True)
+    sign = ((v.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
+    return (fnuz & 0x7F) | sign

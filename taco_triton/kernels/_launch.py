@@ -47,6 +47,12 @@ class Target:
         """OCP FP8 (e4m3fn / e5m2) hardware conversions: NVIDIA sm_89 and newer."""
         return self.backend == "cuda" and int(self.arch) >= 89
 
+    @property
+    def fp8_fnuz(self) -> bool:
+        """FP8 hardware conversions of the FNUZ flavours only (e4m3fnuz / e5m2fnuz, exponent bias
+        one above OCP's): AMD CDNA3, gfx94x. CDNA4 (gfx950) converts the OCP formats themselves."""
+        return self.backend == "hip" and str(self.arch).startswith("gfx94")
+
     def __str__(self) -> str:
         return f"sm_{self.arch}" if self.backend == "cuda" else str(self.arch or self.backend)
 
@@ -83,13 +89,16 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
     in the input's 16-bit dtype (exact on tensor cores; the interpreter's bf16 dot is not, so it
     computes in FP32 there). DOT_PREC: how dots with FP32 operands run. "tf32x3" (NVIDIA, whose
     default for them is one TF32 pass): `_common._dot` splits them into three exact bf16 pieces;
-    AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter.
+    AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter. FP8_FNUZ: only
+    the FNUZ FP8 conversions exist (gfx94x); the encoder reaches OCP codes through them
+    (`_common.encode_fp8_fnuz`).
     """
     return {
         "HW": target.compiled,
         "FP8_HW": target.fp8_hw,
         "OP16": target.compiled and dtype in (torch.bfloat16, torch.float16),
         "DOT_PREC": "tf32x3" if target.backend == "cuda" else "ieee",
+        "FP8_FNUZ": target.fp8_fnuz,
     }
 
 

@@ -14,11 +14,14 @@ import triton.language as tl
 from ..config import SUPERBLOCK_ELEMS
 from ._common import (
     FLT_MAX,
+    INT8,
+    NEAREST,
     STOCHASTIC,
     TINY_SCALE,
     TINY_SIGMA,
     decode_ue4m4,
     encode_codes,
+    encode_fp8_fnuz,
     encode_ue4m4_ceil,
     random_bits,
     row_absmax,
@@ -96,6 +99,7 @@ def quantize_store(
     CODEC: tl.constexpr, CODE_MAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
     SBT: tl.constexpr, GPS: tl.constexpr, DUAL: tl.constexpr, ROUND: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr,
+    FP8_FNUZ: tl.constexpr = False,
 ):
     """Scales and codes of a transformed tile y [ROWS, G] (FP32); stores codes and both scales.
 
@@ -103,7 +107,8 @@ def quantize_store(
     (reference.scale_to_codes does the same). Groups below TINY_SIGMA, whose reciprocal would
     overflow, are scaled by 2^64 first (exact: a power of two, far from FP32's maximum), so no
     branch is needed. v is +0 in non-finite and all-zero groups (their codes are 0) and clamped
-    to +-code_max where the encoder does not saturate by itself. taco_fp32x2 (DUAL false): `pre` (already applied to y) and the absmax
+    to +-code_max where the encoder does not saturate by itself. FP8_FNUZ (gfx94x): FP8 codes
+    rounded to nearest through the FNUZ hardware conversions. taco_fp32x2 (DUAL false): `pre` (already applied to y) and the absmax
     scale per group.
     """
     amax = row_absmax(y)
@@ -125,8 +130,11 @@ def quantize_store(
         rand = random_bits(seed, offs)
     else:
         rand = 0
-    store_codes(codes_ptr, encode_codes(v, rand, CODEC, MBITS, EMIN, ROUND, HW, FP8_HW), rows, offs, row_ok,
-                SBT * GPS, G, BITS, PACK_K)
+    if FP8_FNUZ and ROUND == NEAREST and CODEC != INT8:
+        code = encode_fp8_fnuz(v, CODEC)
+    else:
+        code = encode_codes(v, rand, CODEC, MBITS, EMIN, ROUND, HW, FP8_HW)
+    store_codes(codes_ptr, code, rows, offs, row_ok, SBT * GPS, G, BITS, PACK_K)
 
 
 @triton.jit
