@@ -1,4 +1,5 @@
-"""The identity behind the gfx94x FP8 encoder (`kernels._common.encode_fp8_fnuz`).
+"""The identities behind the gfx94x FP8 encoder and E4M3 decoder (`kernels._common.encode_fp8_fnuz`,
+`decode_fp8_fnuz`).
 
 AMD CDNA3 converts FP32 to FP8 only in the FNUZ flavours (e4m3fnuz, e5m2fnuz: exponent bias one
 above OCP's e4m3fn / e5m2, no -0, no Inf). The kernels there take the FNUZ code of v / 2,
@@ -54,3 +55,15 @@ def test_fnuz_code_of_half_is_the_ocp_code(codec):
     assert int(_fnuz_route(torch.tensor([-0.0]), codec)) == 0x80
     assert int(_fnuz_route(torch.tensor([CODEC_SPECS[codec].code_max]), codec)) == int(
         reference.encode_codes(torch.tensor([CODEC_SPECS[codec].code_max]), CODEC_SPECS[codec]))
+
+
+def test_fnuz_value_of_every_e4m3_code_doubled_is_its_ocp_value():
+    """The decoder's formula: a code read as e4m3fnuz, times 2, with 0x80 made -0 and +-0x7F NaN."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    want = reference.decode_codes(codes, CODEC_SPECS["fp8_e4m3"])
+    got = codes.view(torch.float8_e4m3fnuz).float() * 2.0
+    got = torch.where(codes == 0x80, -0.0, got)
+    got = torch.where((codes & 0x7F) == 0x7F, float("nan"), got)
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~want.isnan()
+    assert torch.equal(got[ok].view(torch.int32), want[ok].view(torch.int32))  # bits: -0 included

@@ -457,3 +457,29 @@ def encode_fp8_fnuz(v, CODEC: tl.constexpr):
         fnuz = half.to(tl.float8e5b16).to(tl.uint8, bitcast=True)
     sign = ((v.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
     return (fnuz & 0x7F) | sign
+
+
+@triton.jit
+def decode_fp8_fnuz(codes, OUT_DTYPE: tl.constexpr):
+    """Values of OCP E4M3 codes (u8) in OUT_DTYPE through AMD CDNA3's FNUZ conversion
+    (v_cvt_pk_f32_fp8: two codes per instruction); equals `decode_codes` for E4M3.
+
+    A code read as e4m3fnuz is half its OCP value (bias one higher) but for the two codes whose
+    meaning differs: 0x80 (FNUZ NaN, OCP -0) and +-0x7F (FNUZ +-240, OCP NaN). (E5M2 codes keep
+    `decode_codes`' two-instruction fp16 path.)
+    """
+    v = codes.to(tl.float8e4b8, bitcast=True).to(tl.float32) * 2.0
+    v = tl.where(codes == 0x80, -0.0, v)
+    v = tl.where((codes & 0x7F) == 0x7F, float("nan"), v)
+    return v.to(OUT_DTYPE)
+
+
+@triton.jit
+def decode_target_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, FP8_FNUZ: tl.constexpr,
+                        OUT_DTYPE: tl.constexpr):
+    """`decode_codes`, E4M3 to FP32 through the FNUZ conversion on gfx94x (FP8_FNUZ). To fp16
+    (the transform's 16-bit operands) `decode_codes`' bit placement is fewer instructions there."""
+    if FP8_FNUZ and CODEC == E4M3 and OUT_DTYPE == tl.float32:
+        return decode_fp8_fnuz(codes, OUT_DTYPE)
+    else:
+        return decode_codes(codes, CODEC, FP8_HW, OUT_DTYPE)

@@ -22,7 +22,7 @@ from ..layout import WireLayout
 from ._common import (
     STOCHASTIC,
     codec_constexprs,
-    decode_codes,
+    decode_target_codes,
     hadamard_rows,
     load_codes,
     load_tables,
@@ -76,7 +76,7 @@ def _reduce_kernel(
         for _p in range(n_ranks):
             codes = load_codes(c_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
             sigma, pre = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
-            t = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
+            t = decode_target_codes(codes, CODEC, FP8_HW, FP8_FNUZ, tl.float32) * sigma[:, None]
             if not DUAL:
                 t = tl.div_rn(t, pre[:, None])
             acc += t
