@@ -153,12 +153,13 @@ def _uses_rounding(kernel: str) -> bool:
     return kernel in ("compress", "reduce")
 
 
-def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype) -> list[dict]:
-    """The launch parameters a run can pick: the heuristic, then every entry of the shipped tuned files."""
+def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype, backend: str = "cuda") -> list[dict]:
+    """The launch parameters a run can pick on `backend`: the heuristic, then every entry of the
+    shipped tuned files. Both reduce rows are the library's one "reduce" launch."""
     from taco_triton.kernels._launch import heuristic
 
-    found = [heuristic(kernel, config)]
     tuned_kernel = "reduce" if kernel.startswith("reduce") else kernel
+    found = [heuristic(tuned_kernel, config, backend)]
     for path in sorted((ROOT / "autotune" / "tuned").glob("*.json")):
         for e in json.loads(path.read_text()).get("entries", {}).values():
             k = e.get("key", {})
@@ -171,12 +172,12 @@ def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype) -
     return found
 
 
-def variants(which: str) -> list[Variant]:
+def variants(which: str, backend: str = "cuda") -> list[Variant]:
     """"ci": the default config, INT8 and INT6 at G=32 (each with every launch a run can pick); "quick": the
     default config and its one-field neighbours, plus the default config at an odd size (ODD_NUMEL) per kernel;
     "subbyte": every INT6/INT4 config with dual scales
     (all group sizes, Hadamard on and off, both roundings; bf16, and fp16/fp32 at G=32);
-    "full": every combination."""
+    "full": every combination. Launch parameters: those `backend` ("cuda" or "hip") can pick."""
     out, odd = [], []
     default = CompressionConfig()
     for kernel in KERNELS:
@@ -194,7 +195,7 @@ def variants(which: str) -> list[Variant]:
             dtypes = ["u8"] if kernel == "reduce" else ["bf16"]
             extra = [] if kernel == "reduce" else [(default, d) for d in ("fp16", "fp32")]
             pairs = [(c, d) for c in sorted(cfgs, key=str) for d in dtypes] + extra
-            p = launch_choices(kernel, default, DTYPES.get(dtype0, torch.uint8))[0]
+            p = launch_choices(kernel, default, DTYPES.get(dtype0, torch.uint8), backend)[0]
             odd.append(Variant(kernel, default, dtype0, p["num_warps"], p["num_stages"], ODD_NUMEL))
         elif which == "subbyte":
             roundings = ROUNDINGS if _uses_rounding(kernel) else ("nearest",)
@@ -208,7 +209,7 @@ def variants(which: str) -> list[Variant]:
                      for c, g, h, s, r, d in itertools.product(CODECS, GROUP_SIZES, (True, False), SCALE_MODES,
                                                                roundings, _kernel_dtypes(kernel))]
         for cfg, d in pairs:
-            for p in launch_choices(kernel, cfg, DTYPES.get(d, torch.uint8)):
+            for p in launch_choices(kernel, cfg, DTYPES.get(d, torch.uint8), backend):
                 out.append(Variant(kernel, cfg, d, p["num_warps"], p["num_stages"]))
     return out + odd
 
@@ -603,7 +604,7 @@ def select(vs: list[Variant], only: str | None = None, numel: int | None = None)
 
 
 def run(which: str, targets: list[str], jobs: int, only: str | None = None, numel: int | None = None) -> list[dict]:
-    work = [(v, t) for t in targets for v in select(variants(which), only, numel)]
+    work = [(v, t) for t in targets for v in select(variants(which, TARGETS[t].backend), only, numel)]
     if jobs <= 1:
         return [evaluate(v, t) for v, t in work]
     with concurrent.futures.ProcessPoolExecutor(jobs) as ex:

@@ -223,3 +223,25 @@ def test_back_edges_to_one_loop_header_are_one_loop():
     a = aot.analyze_hip(kernel, aot.TARGETS["gfx942"])
     assert a["instr_per_tile"] == 6  # add, add, branch, mul, compare, branch: each once
     assert a["classes"] == {"valu": 2, "salu": 2, "vmem": 0, "lds": 0, "branch": 2, "internal": 0}
+
+
+def test_launch_choices_are_the_library_heuristic_of_the_target_family():
+    """The model compiles what the library launches: on AMD ("hip") the heuristic's 8 waves, on
+    NVIDIA its 4 warps (8 with stochastic rounding); both reduce rows are the library's "reduce"
+    launch, sub-byte rules included."""
+    import torch
+
+    from taco_triton.config import CompressionConfig
+    from taco_triton.kernels._launch import heuristic
+
+    aot = _aot_module()
+    cfg = CompressionConfig()
+    assert heuristic("compress", cfg) == {"num_warps": 4, "num_stages": 2}
+    assert heuristic("compress", cfg.replace(rounding="stochastic")) == {"num_warps": 8, "num_stages": 2}
+    assert heuristic("decompress", cfg, "hip") == {"num_warps": 8, "num_stages": 2}
+    for kernel in aot.KERNELS:
+        assert aot.launch_choices(kernel, cfg, torch.bfloat16, "hip")[0]["num_warps"] == 8
+        assert aot.launch_choices(kernel, cfg, torch.bfloat16, "cuda")[0]["num_warps"] == 4
+    int6 = CompressionConfig(codec="int6", group_size=512)  # a "reduce" rule: 8 warps
+    assert aot.launch_choices("reduce_dense", int6, torch.bfloat16)[0] == heuristic("reduce", int6)
+    assert {v.num_warps for v in aot.variants("ci", "hip") if v.config == cfg} >= {8}

@@ -116,13 +116,17 @@ SUBBYTE_WARPS = (
 )
 
 
-def heuristic(kernel: str, config: CompressionConfig) -> dict:
+def heuristic(kernel: str, config: CompressionConfig, backend: str = "cuda") -> dict:
     """A safe default: 4 warps (a 64-row tile is one warpgroup on Hopper), 2 stages (the loads of
     the next tile overlap the current one in the persistent loop). Stochastic rounding carries a
     32-bit random stream and the integer encoder per element: 8 warps halve the registers per
-    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py). The sub-byte kernels
-    follow `SUBBYTE_WARPS`."""
-    warps = 8 if config.stochastic else 4
+    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py). AMD (`backend` "hip"):
+    8 waves of 64 lanes, 16 elements of a tile per lane instead of 32: the registers per lane drop
+    (e.g. gfx942 decompress at G=128 from 292 to 150 VGPRs) and more waves share a SIMD, which is
+    what issues a CU's instruction classes in parallel (bench/aot.py, gfx942: reduce to dense
+    75 -> 97%, compress at G=256 53 -> 65%; the fused reduce loses under a point). The sub-byte
+    kernels follow `SUBBYTE_WARPS` on every backend."""
+    warps = 8 if config.stochastic or backend == "hip" else 4
     for k, codec, stochastic, g, hadamard, w in SUBBYTE_WARPS:
         if (k == kernel and codec == config.codec and stochastic in (None, config.stochastic)
                 and g in (None, config.group_size) and hadamard in (None, config.hadamard)):
@@ -167,7 +171,8 @@ def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config:
         autotune_mode()  # unused here, but a TACO_AUTOTUNE typo raises on every backend, not only on GPUs
         return heuristic(kernel, config)
     found = _tuned_lookup(kernel, device, dtype, config, numel) if _tuned_lookup is not None else None
-    return found if found is not None else heuristic(kernel, config)
+    # a ROCm build of torch drives AMD GPUs only: no device query needed for the backend
+    return found if found is not None else heuristic(kernel, config, "hip" if torch.version.hip is not None else "cuda")
 
 
 @dataclass(frozen=True)
