@@ -62,6 +62,22 @@ def tile_rows(tile, n_groups, ROWS: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
+def pin_rows(vals, rows):
+    """vals [ROWS, G] unchanged (times 1, per row, from `rows`), computed where it stands.
+
+    A dot operand made by elementwise ops from loaded data (codes decoded to 16-bit values) is
+    rewritten by Triton to convert the loaded data to the dot's register layout first and then
+    run the ops there: in that layout each warp holds every row of the operand that its share of
+    the output needs, so each element is decoded once per warp along the output's columns (4x on
+    gfx942 at G = 128, with 4 or 8 waves; 2-4x on sm_80). A factor the compiler cannot fold
+    stops the rewrite: the decode runs once per element and the decoded tile moves to the dot's
+    layout through shared memory (bench/aot.py, decompress at G = 128: gfx942 57 -> 100%, sm_80
+    62 -> 100% of copy bandwidth). Exact: rows >= 0, and x * 1 is x for every x, -0 and NaN too.
+    """
+    return vals * (rows >= 0).to(vals.dtype)[:, None]
+
+
+@triton.jit
 def taco_prescale(ms, finite, CODE_MAX: tl.constexpr):
     """TACO's pre-scale from a group's mean square: clamp(code_max / sqrt(ms + 1e-6), 1e-3, 1e3)."""
     pre = tl.div_rn(CODE_MAX, tl.sqrt_rn(ms + 1e-6))

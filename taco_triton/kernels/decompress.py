@@ -20,7 +20,7 @@ from ..layout import WireLayout
 from ._common import codec_constexprs, decode_target_codes, hadamard_rows, load_codes, load_tables
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
-from ._tile import TILE_ELEMS, aligned_split, load_scales, store_dense, tile_rows
+from ._tile import TILE_ELEMS, aligned_split, load_scales, pin_rows, store_dense, tile_rows
 from .slots import (
     A_OFF,
     B_OFF,
@@ -56,6 +56,8 @@ def _decompress_tile(
     sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
     if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
         vals = decode_target_codes(codes, CODEC, FP8_HW, FP8_FNUZ, tl.float16 if OP16 else tl.float32)
+        if G <= 128:  # one dot: see `pin_rows` (the two-stage transform of larger G was not affected)
+            vals = pin_rows(vals, rows)
         y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC) * (2.0 * sigma)[:, None]
     else:
         y = decode_target_codes(codes, CODEC, FP8_HW, FP8_FNUZ, tl.float32) * sigma[:, None]
