@@ -1,4 +1,4 @@
-"""The identities behind the gfx94x FP8 encoder and E4M3 decoder (`kernels._common.encode_fp8_fnuz`,
+"""AMD-only code paths: the identities behind the gfx94x FP8 encoder and E4M3 decoder (`kernels._common.encode_fp8_fnuz`,
 `decode_fp8_fnuz`).
 
 AMD CDNA3 converts FP32 to FP8 only in the FNUZ flavours (e4m3fnuz, e5m2fnuz: exponent bias one
@@ -67,3 +67,13 @@ def test_fnuz_value_of_every_e4m3_code_doubled_is_its_ocp_value():
     assert torch.equal(got.isnan(), want.isnan())
     ok = ~want.isnan()
     assert torch.equal(got[ok].view(torch.int32), want[ok].view(torch.int32))  # bits: -0 included
+
+
+def test_cdna_generation_of_targets():
+    """The CDNA constexpr: 3 (FNUZ FP8 conversions) only on gfx94x; 0 on NVIDIA and the interpreter."""
+    from taco_triton.kernels._launch import INTERPRETER, Target, target_flags
+
+    gens = {a: Target("hip", a, 64).cdna for a in ("gfx908", "gfx90a", "gfx940", "gfx942", "gfx950", "gfx1100")}
+    assert gens == {"gfx908": 1, "gfx90a": 2, "gfx940": 3, "gfx942": 3, "gfx950": 4, "gfx1100": 0}
+    assert target_flags(Target("cuda", 90), torch.bfloat16)["CDNA"] == 0
+    assert target_flags(INTERPRETER, torch.bfloat16)["CDNA"] == 0

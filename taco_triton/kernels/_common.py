@@ -318,19 +318,27 @@ def decode_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, OUT_DTYPE: tl
 
 
 @triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def row_absmax(y):
-    """[ROWS] largest |y| of each row; NaN if the row holds a NaN, Inf if it holds an Inf.
+def row_absmax(y, CDNA: tl.constexpr = 0):
+    """[ROWS] largest |y| of each row (FP32 y); NaN if the row holds a NaN, Inf if it holds an Inf.
 
     Under the Hadamard transform every output of a row mixes every input, so a NaN/Inf input
     poisons the whole output row: this one reduction finds both the group's amax and whether
     the group was finite, with no separate scan of the input.
     """
-    return tl.reduce(tl.abs(y), 1, _max_nan)
+    if CDNA > 0:
+        # AMD: a NaN-propagating float max is three instructions (compare, select, max). The
+        # largest |y| is the largest bit pattern with the sign cleared: non-negative floats order
+        # as their bits, Inf above every finite value and NaN above Inf (a NaN comes out as some
+        # NaN). NVIDIA's one max instruction propagates NaN and takes |y| as an operand.
+        bits = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return tl.reduce(tl.abs(y), 1, _max_nan)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -475,11 +483,11 @@ def decode_fp8_fnuz(codes, OUT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def decode_target_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, FP8_FNUZ: tl.constexpr,
+def decode_target_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, CDNA: tl.constexpr,
                         OUT_DTYPE: tl.constexpr):
-    """`decode_codes`, E4M3 to FP32 through the FNUZ conversion on gfx94x (FP8_FNUZ). To fp16
+    """`decode_codes`, E4M3 to FP32 through the FNUZ conversion on gfx94x (CDNA 3). To fp16
     (the transform's 16-bit operands) `decode_codes`' bit placement is fewer instructions there."""
-    if FP8_FNUZ and CODEC == E4M3 and OUT_DTYPE == tl.float32:
+    if CDNA == 3 and CODEC == E4M3 and OUT_DTYPE == tl.float32:
         return decode_fp8_fnuz(codes, OUT_DTYPE)
     else:
         return decode_codes(codes, CODEC, FP8_HW, OUT_DTYPE)

@@ -48,10 +48,13 @@ class Target:
         return self.backend == "cuda" and int(self.arch) >= 89
 
     @property
-    def fp8_fnuz(self) -> bool:
-        """FP8 hardware conversions of the FNUZ flavours only (e4m3fnuz / e5m2fnuz, exponent bias
-        one above OCP's): AMD CDNA3, gfx94x. CDNA4 (gfx950) converts the OCP formats themselves."""
-        return self.backend == "hip" and str(self.arch).startswith("gfx94")
+    def cdna(self) -> int:
+        """AMD CDNA generation (1: gfx908, 2: gfx90a, 3: gfx94x, 4: gfx95x), 0 for anything else.
+        CDNA 3 converts FP8 only in the FNUZ flavours (e4m3fnuz / e5m2fnuz, exponent bias one above
+        OCP's); CDNA 4 converts the OCP formats themselves."""
+        if self.backend != "hip":
+            return 0
+        return {"gfx908": 1, "gfx90a": 2}.get(str(self.arch), {"gfx94": 3, "gfx95": 4}.get(str(self.arch)[:5], 0))
 
     def __str__(self) -> str:
         return f"sm_{self.arch}" if self.backend == "cuda" else str(self.arch or self.backend)
@@ -89,16 +92,17 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
     in the input's 16-bit dtype (exact on tensor cores; the interpreter's bf16 dot is not, so it
     computes in FP32 there). DOT_PREC: how dots with FP32 operands run. "tf32x3" (NVIDIA, whose
     default for them is one TF32 pass): `_common._dot` splits them into three exact bf16 pieces;
-    AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter. FP8_FNUZ: only
-    the FNUZ FP8 conversions exist (gfx94x); the encoder reaches OCP codes through them
-    (`_common.encode_fp8_fnuz`).
+    AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter. CDNA: the AMD
+    CDNA generation (`Target.cdna`, 0 elsewhere): CDNA 3 has only the FNUZ FP8 conversions, which
+    the encoder and E4M3 decoder reach OCP codes through (`_common.encode_fp8_fnuz`); every CDNA
+    finds a row's largest magnitude with integer max instructions (`_common.row_absmax`).
     """
     return {
         "HW": target.compiled,
         "FP8_HW": target.fp8_hw,
         "OP16": target.compiled and dtype in (torch.bfloat16, torch.float16),
         "DOT_PREC": "tf32x3" if target.backend == "cuda" else "ieee",
-        "FP8_FNUZ": target.fp8_fnuz,
+        "CDNA": target.cdna,
     }
 
 

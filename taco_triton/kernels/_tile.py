@@ -115,7 +115,7 @@ def quantize_store(
     CODEC: tl.constexpr, CODE_MAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
     SBT: tl.constexpr, GPS: tl.constexpr, DUAL: tl.constexpr, ROUND: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr,
-    FP8_FNUZ: tl.constexpr = False,
+    CDNA: tl.constexpr = 0,
 ):
     """Scales and codes of a transformed tile y [ROWS, G] (FP32); stores codes and both scales.
 
@@ -123,11 +123,11 @@ def quantize_store(
     (reference.scale_to_codes does the same). Groups below TINY_SIGMA, whose reciprocal would
     overflow, are scaled by 2^64 first (exact: a power of two, far from FP32's maximum), so no
     branch is needed. v is +0 in non-finite and all-zero groups (their codes are 0) and clamped
-    to +-code_max where the encoder does not saturate by itself. FP8_FNUZ (gfx94x): FP8 codes
+    to +-code_max where the encoder does not saturate by itself. CDNA 3 (gfx94x): FP8 codes
     rounded to nearest through the FNUZ hardware conversions. taco_fp32x2 (DUAL false): `pre` (already applied to y) and the absmax
     scale per group.
     """
-    amax = row_absmax(y)
+    amax = row_absmax(y, CDNA)
     finite = amax <= FLT_MAX  # false for NaN and Inf
     amax = tl.where(finite, amax, 0.0)
     if DUAL:
@@ -146,7 +146,7 @@ def quantize_store(
         rand = random_bits(seed, offs)
     else:
         rand = 0
-    if FP8_FNUZ and ROUND == NEAREST and CODEC != INT8:
+    if CDNA == 3 and ROUND == NEAREST and CODEC != INT8:
         code = encode_fp8_fnuz(v, CODEC)
     else:
         code = encode_codes(v, rand, CODEC, MBITS, EMIN, ROUND, HW, FP8_HW)

@@ -46,7 +46,7 @@ def _decompress_tile(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
     PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr,
     OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, CHECKED: tl.constexpr,
-    FP8_FNUZ: tl.constexpr = False,
+    CDNA: tl.constexpr = 0,
 ):
     """Decompress tile number `tile` of one wire buffer; CHECKED: all NaN where `bad` (a slot
     whose tag did not match)."""
@@ -55,12 +55,12 @@ def _decompress_tile(
     codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
     sigma, pre = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
     if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
-        vals = decode_target_codes(codes, CODEC, FP8_HW, FP8_FNUZ, tl.float16 if OP16 else tl.float32)
+        vals = decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float16 if OP16 else tl.float32)
         if G <= 128:  # one dot: see `pin_rows` (the two-stage transform of larger G was not affected)
             vals = pin_rows(vals, rows)
         y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC) * (2.0 * sigma)[:, None]
     else:
-        y = decode_target_codes(codes, CODEC, FP8_HW, FP8_FNUZ, tl.float32) * sigma[:, None]
+        y = decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32) * sigma[:, None]
     if not DUAL:
         y = tl.div_rn(y, pre[:, None])
     if CHECKED:
@@ -75,7 +75,7 @@ def _decompress_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAIL: tl.constexpr = False,
-    FP8_FNUZ: tl.constexpr = False,
+    CDNA: tl.constexpr = 0,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
@@ -83,12 +83,12 @@ def _decompress_kernel(
     if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
         _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile0, numel, n_groups, n_sb, out_max,
                          inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                         OVERFLOW, False, FP8_FNUZ)
+                         OVERFLOW, False, CDNA)
     else:
         for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
             _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max,
                              inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                             OVERFLOW, False, FP8_FNUZ)
+                             OVERFLOW, False, CDNA)
 
 
 @triton.jit(do_not_specialize=["k", "seq"])
@@ -97,7 +97,7 @@ def _decompress_slots_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr,
-    ELEM_ALIGN: tl.constexpr = 1, FP8_FNUZ: tl.constexpr = False,
+    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0,
 ):
     """Decompress n_chunks slots of one received buffer into their pieces of out, in one launch.
 
@@ -136,7 +136,7 @@ def _decompress_slots_kernel(
         for tile in range(first, n_tiles, nprog):
             _decompress_tile(slot, a_ptr, b_ptr, out_chunk, h, h16, tile, numel, n_groups, n_sb, out_max, inf_above,
                              bad, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                             OVERFLOW, True, FP8_FNUZ)
+                             OVERFLOW, True, CDNA)
 
 
 def _meta(out_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int,

@@ -42,7 +42,7 @@ def _reduce_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
-    DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False, FP8_FNUZ: tl.constexpr = False,
+    DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False, CDNA: tl.constexpr = 0,
 ):
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
@@ -76,7 +76,7 @@ def _reduce_kernel(
         for _p in range(n_ranks):
             codes = load_codes(c_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
             sigma, pre = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
-            t = decode_target_codes(codes, CODEC, FP8_HW, FP8_FNUZ, tl.float32) * sigma[:, None]
+            t = decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32) * sigma[:, None]
             if not DUAL:
                 t = tl.div_rn(t, pre[:, None])
             acc += t
@@ -94,7 +94,7 @@ def _reduce_kernel(
             if DUAL:
                 pre_out = 1.0
             else:  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
-                finite = row_absmax(acc) <= 3.4028234663852886e38
+                finite = row_absmax(acc, CDNA) <= 3.4028234663852886e38
                 accf = tl.where(acc == acc, acc, 0.0)  # noqa: PLR0124 - False for NaN
                 ms = tl.div_rn(tl.sum(accf * accf, axis=1), G * 1.0)
                 if HADAMARD:
@@ -103,7 +103,7 @@ def _reduce_kernel(
                 acc = acc * pre_out[:, None]
             quantize_store(acc, tile, rows, row_ok, offs, n_sb, out_codes_ptr, out_a_ptr, out_b_ptr, seed, pre_out,
                            CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K,
-                           FP8_FNUZ)
+                           CDNA)
 
 
 def _row_views(bufs: torch.Tensor, layout: WireLayout):
