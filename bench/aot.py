@@ -501,6 +501,12 @@ def amd_issue_per_elem(per_class: dict, occupancy: float, gpu: GPU) -> tuple[flo
     per class and one per wave (`AMD_CLASSES` gives the source). Over a tile the turns needed are
     at least every class's count and the whole count over the resident waves per SIMD; a CU runs
     one turn per clock over its 4 SIMDs. per_class: wave-instructions per element by class.
+
+    One VALU wave-instruction per clock per CU is the rate AMD states for MI300X (ROCm docs, "AMD
+    Instinct MI300 series microarchitecture", peak-performance table, per CU and clock with one
+    SIMD instruction submitted each clock: vector FP64 128 FLOPs = 64 lanes x FMA; vector FP32 256
+    = the packed v_pk_fma_f32, two values per lane). So a packed instruction costs one issue like
+    any other and does the work of two; the compiler's v_pk_* count as one instruction here.
     """
     waves_per_simd = max(occupancy * gpu.max_warps / 4, 1e-9)
     simds_busy = min(waves_per_simd, 1.0)  # fewer than 4 resident waves leave SIMDs idle
