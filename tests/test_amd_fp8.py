@@ -58,12 +58,13 @@ def test_fnuz_code_of_half_is_the_ocp_code(codec):
 
 
 def test_fnuz_value_of_every_e4m3_code_doubled_is_its_ocp_value():
-    """The decoder's formula: a code read as e4m3fnuz, times 2, with 0x80 made -0 and +-0x7F NaN."""
+    """The decoder's formula: a code read as e4m3fnuz, times 2, with its NaN (0x80) made -0 and
+    its +-240 (+-0x7F) made NaN."""
     codes = torch.arange(256, dtype=torch.uint8)
     want = reference.decode_codes(codes, CODEC_SPECS["fp8_e4m3"])
-    got = codes.view(torch.float8_e4m3fnuz).float() * 2.0
-    got = torch.where(codes == 0x80, -0.0, got)
-    got = torch.where((codes & 0x7F) == 0x7F, float("nan"), got)
+    f = codes.view(torch.float8_e4m3fnuz).float()
+    got = torch.where(f.abs() == 240.0, float("nan"), f * 2.0)
+    got = torch.where(f.isnan(), -0.0, got)
     assert torch.equal(got.isnan(), want.isnan())
     ok = ~want.isnan()
     assert torch.equal(got[ok].view(torch.int32), want[ok].view(torch.int32))  # bits: -0 included

@@ -476,10 +476,11 @@ def decode_fp8_fnuz(codes, OUT_DTYPE: tl.constexpr):
     meaning differs: 0x80 (FNUZ NaN, OCP -0) and +-0x7F (FNUZ +-240, OCP NaN). (E5M2 codes keep
     `decode_codes`' two-instruction fp16 path.)
     """
-    v = codes.to(tl.float8e4b8, bitcast=True).to(tl.float32) * 2.0
-    v = tl.where(codes == 0x80, -0.0, v)
-    v = tl.where((codes & 0x7F) == 0x7F, float("nan"), v)
-    return v.to(OUT_DTYPE)
+    f = codes.to(tl.float8e4b8, bitcast=True).to(tl.float32)
+    # both tests on the FNUZ value (its only NaN is 0x80, its only +-240 are +-0x7F): a compare
+    # with |f| is one instruction (abs is an operand modifier), on the code two (mask, compare)
+    v = tl.where(tl.abs(f) == 240.0, float("nan"), f * 2.0)
+    return tl.where(f != f, -0.0, v).to(OUT_DTYPE)  # noqa: PLR0124 - f != f is True for NaN
 
 
 @triton.jit
