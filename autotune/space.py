@@ -49,8 +49,9 @@ THREADS_PER_WARP = 32
 
 
 def heuristic(kernel: str, config: CompressionConfig) -> dict:
-    """The default the kernels use without a tuned config (taco_triton.kernels._launch.heuristic)."""
-    return _launch.heuristic(kernel, config)
+    """The default the kernels use without a tuned config (taco_triton.kernels._launch.heuristic),
+    for the GPU family this torch build drives (a ROCm build: AMD's)."""
+    return _launch.heuristic(kernel, config, "hip" if torch.version.hip is not None else "cuda")
 
 
 def full_space() -> list[dict]:

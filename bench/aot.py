@@ -28,7 +28,18 @@ The model. Per element, a kernel needs
     t_tc    = tensor-core flops / tensor-core peak of the operand type
 and pct_copy_bw_bound = 100 * t_mem / max(t_mem, t_issue, t_tc): an optimistic ceiling (no
 stalls, perfect overlap), so real kernels land below it. NVIDIA issues 4 warp-instructions per
-clock per SM; AMD CDNA one wave64 VALU instruction per clock per CU (4 SIMD16 units). Copy
+clock per SM. AMD CDNA (see `amd_issue_per_elem`): each clock the CU's scheduler turns to one of
+its 4 SIMDs and issues at most one instruction per wave of that SIMD and at most one per class
+(VALU incl. MFMA, SALU/SMEM, VMEM, LDS, branch), so a SIMD takes one instruction per class every
+4 clocks (a wave64 VALU op runs 4 clocks on a SIMD16: one VALU wave-instruction per clock per
+CU), and a wave issues one instruction every 4 clocks at most:
+    issue per element = max(max over classes of (class instructions per element),
+                            instructions per element / waves per SIMD)
+(the first term is the limit with enough resident waves, the second that of too few; with one
+wave per SIMD every instruction is serial and the sum counts). Per-class columns valu_per_elem,
+salu_per_elem, vmem_per_elem, lds_per_elem, branch_per_elem, internal_per_elem (s_waitcnt,
+s_nop, s_barrier, ...: no unit, but the wave's turn) and issue_limiter ("VALU", ..., or "waves")
+say which term binds. Copy
 bandwidth is 90% of the spec-sheet HBM/GDDR bandwidth (a measured H200 device-to-device copy
 reached 4.3 TB/s of 4.8). The constants are spec-sheet values of one representative GPU per
 target (TARGETS below); they are a model, not a measurement.
@@ -88,7 +99,7 @@ class GPU:
     hbm_tbs: float       # spec memory bandwidth, TB/s
     units: int           # SMs or CUs
     clock_ghz: float     # boost clock
-    issue: float         # warp/wave instructions per clock per SM/CU
+    issue: float         # warp-instructions per clock per SM; AMD: issue turns (one VALU each) per clock per CU
     tc16_tflops: float   # dense bf16/fp16 tensor-core peak
     tf32_tflops: float   # dense tf32 tensor-core peak
     max_warps: int       # resident warps (AMD: waves) per SM (CU)
@@ -142,12 +153,13 @@ def _uses_rounding(kernel: str) -> bool:
     return kernel in ("compress", "reduce")
 
 
-def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype) -> list[dict]:
-    """The launch parameters a run can pick: the heuristic, then every entry of the shipped tuned files."""
+def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype, backend: str = "cuda") -> list[dict]:
+    """The launch parameters a run can pick on `backend`: the heuristic, then every entry of the
+    shipped tuned files. Both reduce rows are the library's one "reduce" launch."""
     from taco_triton.kernels._launch import heuristic
 
-    found = [heuristic(kernel, config)]
     tuned_kernel = "reduce" if kernel.startswith("reduce") else kernel
+    found = [heuristic(tuned_kernel, config, backend)]
     for path in sorted((ROOT / "autotune" / "tuned").glob("*.json")):
         for e in json.loads(path.read_text()).get("entries", {}).values():
             k = e.get("key", {})
@@ -160,12 +172,12 @@ def launch_choices(kernel: str, config: CompressionConfig, dtype: torch.dtype) -
     return found
 
 
-def variants(which: str) -> list[Variant]:
+def variants(which: str, backend: str = "cuda") -> list[Variant]:
     """"ci": the default config, INT8 and INT6 at G=32 (each with every launch a run can pick); "quick": the
     default config and its one-field neighbours, plus the default config at an odd size (ODD_NUMEL) per kernel;
     "subbyte": every INT6/INT4 config with dual scales
     (all group sizes, Hadamard on and off, both roundings; bf16, and fp16/fp32 at G=32);
-    "full": every combination."""
+    "full": every combination. Launch parameters: those `backend` ("cuda" or "hip") can pick."""
     out, odd = [], []
     default = CompressionConfig()
     for kernel in KERNELS:
@@ -183,7 +195,7 @@ def variants(which: str) -> list[Variant]:
             dtypes = ["u8"] if kernel == "reduce" else ["bf16"]
             extra = [] if kernel == "reduce" else [(default, d) for d in ("fp16", "fp32")]
             pairs = [(c, d) for c in sorted(cfgs, key=str) for d in dtypes] + extra
-            p = launch_choices(kernel, default, DTYPES.get(dtype0, torch.uint8))[0]
+            p = launch_choices(kernel, default, DTYPES.get(dtype0, torch.uint8), backend)[0]
             odd.append(Variant(kernel, default, dtype0, p["num_warps"], p["num_stages"], ODD_NUMEL))
         elif which == "subbyte":
             roundings = ROUNDINGS if _uses_rounding(kernel) else ("nearest",)
@@ -197,7 +209,7 @@ def variants(which: str) -> list[Variant]:
                      for c, g, h, s, r, d in itertools.product(CODECS, GROUP_SIZES, (True, False), SCALE_MODES,
                                                                roundings, _kernel_dtypes(kernel))]
         for cfg, d in pairs:
-            for p in launch_choices(kernel, cfg, DTYPES.get(d, torch.uint8)):
+            for p in launch_choices(kernel, cfg, DTYPES.get(d, torch.uint8), backend):
                 out.append(Variant(kernel, cfg, d, p["num_warps"], p["num_stages"]))
     return out + odd
 
@@ -235,6 +247,8 @@ def combine(parts: list[tuple[int, dict]]) -> dict:
     out["instr_per_tile"] = sum(n * a["instr_per_tile"] for n, a in parts) / total
     out["slow_instr_per_tile"] = sum(n * a["slow_instr_per_tile"] for n, a in parts) / total
     out["mma"] = [(f, w * n / total) for n, a in parts for f, w in a["mma"]]
+    if all("classes" in a for _, a in parts):
+        out["classes"] = {c: sum(n * a["classes"][c] for n, a in parts) / total for c in parts[0][1]["classes"]}
     out["static_instr"] = sum(a["static_instr"] for _, a in parts)
     out["spill_bytes"] = max(a["spill_bytes"] for _, a in parts)
     out["slow_calls_per_tile"] = max(a["slow_calls_per_tile"] for _, a in parts)
@@ -315,13 +329,20 @@ def _loop_bodies(instrs: list[tuple[int, str]], is_branch, target_of) -> list[tu
 
 
 def _per_tile_instructions(instrs, loops, ranks: int) -> tuple[int, list]:
-    """Dynamic estimate per tile: the outermost loop's body, inner loops counted `ranks` times."""
+    """Dynamic estimate per tile: the outermost loop's body, inner loops counted `ranks` times.
+
+    A loop is its header (the branch target): several back-edges to one header (AMDGCN's loop
+    latch is reached from each end of the body's branches) are one loop, spanning to the last
+    of them, not loops nested in each other."""
     if not loops:
         return len(instrs), [(i, 1) for i in range(len(instrs))]
-    outer = max(loops, key=lambda ab: ab[1] - ab[0])
-    weights = [1] * (outer[1] - outer[0] + 1)
+    spans: dict[int, int] = {}
     for a, b in loops:
-        if (a, b) != outer and outer[0] <= a and b <= outer[1]:
+        spans[a] = max(spans.get(a, b), b)
+    outer = max(spans.items(), key=lambda ab: ab[1] - ab[0])
+    weights = [1] * (outer[1] - outer[0] + 1)
+    for a, b in spans.items():
+        if a != outer[0] and outer[0] <= a and b <= outer[1]:
             for i in range(a, b + 1):
                 weights[i - outer[0]] = ranks
     return sum(weights), [(outer[0] + i, w) for i, w in enumerate(weights)]
@@ -437,11 +458,62 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
     loops = _loop_bodies(instrs, is_branch, target_of)
     per_tile, weighted = _per_tile_instructions(instrs, loops, RANKS)
     mma = [(_mma_flops(instrs[i][1], "hip"), w) for i, w in weighted]
+    classes = dict.fromkeys(AMD_CLASSES, 0)
+    for i, w in weighted:
+        classes[amd_class(instrs[i][1])] += w
     # AMD's division and square root are inline sequences (no subroutine): already counted
     return {"regs": vgpr + agpr, "spill_bytes": scratch, "smem_bytes": lds, "smem_dynamic": kernel.metadata.shared,
             "instr_per_tile": per_tile, "static_instr": len(instrs),
             "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
-            "slow_calls_per_tile": 0, "slow_instr_per_tile": 0}
+            "slow_calls_per_tile": 0, "slow_instr_per_tile": 0, "classes": classes}
+
+
+#: The instruction classes of AMD's CU scheduler, each issued to its own unit (AMD, ROCm Compute
+#: Profiler, "Pipeline descriptions", section Scheduler: per clock the scheduler considers one
+#: SIMD, round-robin, and issues up to one instruction per wave of it and up to one per category,
+#: VALU, VMEM, SALU/SMEM, LDS, branch; MFMA instructions issue through the VALU). "internal":
+#: instructions handled in the instruction buffer without a unit (the same page, after the GCN
+#: crash course: s_nop, s_waitcnt, s_barrier, s_setprio, s_sleep), which still take a wave's turn.
+AMD_CLASSES = ("valu", "salu", "vmem", "lds", "branch", "internal")
+_AMD_INTERNAL = re.compile(r"s_(nop|waitcnt\w*|barrier|setprio|sleep|sethalt|trap|icache_inv|ttracedata)\b")
+
+
+def amd_class(text: str) -> str:
+    """The scheduler class of one AMDGCN instruction (its text, mnemonic first)."""
+    op = text.split()[0]
+    if op.startswith("v_"):
+        return "valu"  # v_mfma, v_accvgpr_* and v_pk_* included: one VALU issue each
+    if op.startswith(("global_", "buffer_", "flat_", "scratch_")):
+        return "vmem"
+    if op.startswith("ds_"):
+        return "lds"
+    if op.startswith(("s_branch", "s_cbranch", "s_setpc", "s_swappc")):
+        return "branch"
+    if _AMD_INTERNAL.match(op):
+        return "internal"
+    return "salu"  # scalar ALU and scalar memory share one issue port
+
+
+def amd_issue_per_elem(per_class: dict, occupancy: float, gpu: GPU) -> tuple[float, str]:
+    """(issue cost per element in VALU-instruction clocks of one CU, what binds it) on AMD CDNA.
+
+    Each SIMD is offered one issue turn every 4 clocks; in a turn it issues at most one instruction
+    per class and one per wave (`AMD_CLASSES` gives the source). Over a tile the turns needed are
+    at least every class's count and the whole count over the resident waves per SIMD; a CU runs
+    one turn per clock over its 4 SIMDs. per_class: wave-instructions per element by class.
+
+    One VALU wave-instruction per clock per CU is the rate AMD states for MI300X (ROCm docs, "AMD
+    Instinct MI300 series microarchitecture", peak-performance table, per CU and clock with one
+    SIMD instruction submitted each clock: vector FP64 128 FLOPs = 64 lanes x FMA; vector FP32 256
+    = the packed v_pk_fma_f32, two values per lane). So a packed instruction costs one issue like
+    any other and does the work of two; the compiler's v_pk_* count as one instruction here.
+    """
+    waves_per_simd = max(occupancy * gpu.max_warps / 4, 1e-9)
+    simds_busy = min(waves_per_simd, 1.0)  # fewer than 4 resident waves leave SIMDs idle
+    terms = {c.upper(): n / simds_busy for c, n in per_class.items() if c != "internal"}
+    terms["waves"] = sum(per_class.values()) / waves_per_simd
+    limiter = max(terms, key=terms.get)
+    return terms[limiter], limiter
 
 
 def occupancy(gpu: GPU, warps: int, regs: int, smem: int) -> tuple[float, str]:
@@ -476,18 +548,25 @@ def model(v: Variant, gpu: GPU, a: dict) -> dict:
     flops32 = sum(f * w for (f, cls), w in a["mma"] if cls == "tf32") * v.num_warps / tile
     n_mma = sum(w for _, w in a["mma"]) * v.num_warps / tile
     t_mem = bytes_per_elem(v) / gpu.copy_bw
-    t_issue = instr / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
-    t_tc = flops16 / (gpu.tc16_tflops * 1e12) + flops32 / (gpu.tf32_tflops * 1e12)
     occ, limiter = occupancy(gpu, v.num_warps, a["regs"], a["smem_bytes"] + a["smem_dynamic"])
+    extra = {}
+    issued = instr
+    if "classes" in a:  # AMD: the classes issue in parallel (amd_issue_per_elem)
+        per_class = {c: n * v.num_warps / tile for c, n in a["classes"].items()}
+        issued, extra["issue_limiter"] = amd_issue_per_elem(per_class, occ, gpu)
+        extra.update({f"{c}_per_elem": round(n, 4) for c, n in per_class.items()})
+    t_issue = issued / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
+    t_tc = flops16 / (gpu.tc16_tflops * 1e12) + flops32 / (gpu.tf32_tflops * 1e12)
     bound = 100.0 * t_mem / max(t_mem, t_issue, t_tc)
     instr_worst = (a["instr_per_tile"] + a["slow_instr_per_tile"]) * v.num_warps / tile
-    t_worst = instr_worst / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
+    # AMD has no slow-path calls (instr_worst == instr): its worst case is its issue bound
+    t_worst = (issued if "classes" in a else instr_worst) / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
     return {"instr_per_elem": round(instr, 4), "mma_per_elem": round(n_mma, 5),
             "tc_flops_per_elem": round(flops16 + flops32, 1), "occupancy": round(occ, 3), "occupancy_limiter": limiter,
             "bytes_per_elem": round(bytes_per_elem(v), 4), "pct_copy_bw_bound": round(bound, 1),
             "bound_by": "memory" if bound >= 99.95 else ("issue" if t_issue >= t_tc else "tensor cores"),
             "slow_calls_per_tile": a["slow_calls_per_tile"], "instr_per_elem_worst": round(instr_worst, 4),
-            "pct_copy_bw_bound_worst": round(100.0 * t_mem / max(t_mem, t_worst, t_tc), 1)}
+            "pct_copy_bw_bound_worst": round(100.0 * t_mem / max(t_mem, t_worst, t_tc), 1), **extra}
 
 
 def evaluate(v: Variant, target: str) -> dict:
@@ -590,7 +669,7 @@ def exceptions_table(rows: list[dict]) -> str:
 
 
 def run(which: str, targets: list[str], jobs: int, only: str | None = None, numel: int | None = None) -> list[dict]:
-    work = [(v, t) for t in targets for v in select(variants(which), only, numel)]
+    work = [(v, t) for t in targets for v in select(variants(which, TARGETS[t].backend), only, numel)]
     if jobs <= 1:
         return [evaluate(v, t) for v, t in work]
     with concurrent.futures.ProcessPoolExecutor(jobs) as ex:

@@ -210,3 +210,89 @@ def test_quick_launches_meet_the_floors_on_hopper_and_mi300(quick_rows):
     baseline = json.loads(pd.read_csv(ROOT / "bench" / "results" / "aot_quick.csv").to_json(orient="records"))
     problems = aot.check_floors(quick_rows, baseline)
     assert not problems, "\n".join(problems)
+
+
+def test_amd_instructions_are_split_into_the_scheduler_classes():
+    """gfx942's CU issues each class (VALU incl. MFMA, SALU/SMEM, VMEM, LDS, branch) to its own
+    unit, one per class per SIMD turn and one per wave per turn: the model counts the loop body by
+    class and its issue cost is the largest class with enough waves, the whole count with one."""
+    from types import SimpleNamespace
+
+    aot = _aot_module()
+    asm = "\n".join([
+        "\ts_mov_b32 s2, 0",
+        ".LBB0_1:                                ; %loop",
+        "\tglobal_load_dwordx4 v[0:3], v8, s[0:1]",
+        "\ts_waitcnt vmcnt(0)",
+        "\tv_pk_mul_f32 v[0:1], v[0:1], v[2:3]",
+        "\tv_mfma_f32_32x32x8_bf16 v[0:15], v[0:1], v[2:3], 0",
+        "\tv_cvt_pk_fp8_f32 v4, v0, v1",
+        "\tds_write_b32 v8, v4",
+        "\ts_nop 1",
+        "\tds_read_b32 v5, v8",
+        "\tbuffer_store_dword v5, v8, s[4:7], 0 offen",
+        "\ts_load_dword s9, s[0:1], 0x10",
+        "\ts_add_i32 s2, s2, 1",
+        "\ts_cmp_lt_i32 s2, 8",
+        "\ts_cbranch_scc1 .LBB0_1",
+        "\ts_endpgm",
+        ".Lfunc_end0:",
+        "\t.vgpr_count:     16",
+    ])
+    kernel = SimpleNamespace(asm={"amdgcn": asm}, metadata=SimpleNamespace(shared=0))
+    a = aot.analyze_hip(kernel, aot.TARGETS["gfx942"])
+    assert a["instr_per_tile"] == 13
+    assert a["classes"] == {"valu": 3, "salu": 3, "vmem": 2, "lds": 2, "branch": 1, "internal": 2}
+    gpu = aot.TARGETS["gfx942"]  # 32 waves per CU: occupancy 1/8 is one wave per SIMD
+    per_class = {c: float(n) for c, n in a["classes"].items()}
+    assert aot.amd_issue_per_elem(per_class, 1 / 8, gpu) == (13.0, "waves")  # one wave: all serial
+    assert aot.amd_issue_per_elem(per_class, 2 / 8, gpu) == (6.5, "waves")
+    assert aot.amd_issue_per_elem(per_class, 1.0, gpu) == (3.0, "VALU")      # 8 waves: the largest class
+    assert aot.amd_issue_per_elem({**per_class, "salu": 5.0}, 1.0, gpu) == (5.0, "SALU")
+
+
+def test_back_edges_to_one_loop_header_are_one_loop():
+    """AMDGCN often ends a loop body in several places, each branching back to the same latch
+    block: that is one loop (each instruction once per tile), not loops nested in each other
+    (which would count the first part RANKS times)."""
+    from types import SimpleNamespace
+
+    aot = _aot_module()
+    asm = "\n".join([
+        "\ts_mov_b32 s2, 0",
+        ".LBB0_1:                                ; %latch",
+        "\ts_add_i32 s2, s2, 1",
+        "\tv_add_f32_e32 v1, v1, v1",
+        "\ts_cbranch_execz .LBB0_1",
+        "\tv_mul_f32_e32 v1, v1, v1",
+        "\ts_cmp_lt_i32 s2, 8",
+        "\ts_cbranch_scc1 .LBB0_1",
+        "\ts_endpgm",
+        ".Lfunc_end0:",
+    ])
+    kernel = SimpleNamespace(asm={"amdgcn": asm}, metadata=SimpleNamespace(shared=0))
+    a = aot.analyze_hip(kernel, aot.TARGETS["gfx942"])
+    assert a["instr_per_tile"] == 6  # add, add, branch, mul, compare, branch: each once
+    assert a["classes"] == {"valu": 2, "salu": 2, "vmem": 0, "lds": 0, "branch": 2, "internal": 0}
+
+
+def test_launch_choices_are_the_library_heuristic_of_the_target_family():
+    """The model compiles what the library launches: on AMD ("hip") the heuristic's 8 waves, on
+    NVIDIA its 4 warps (8 with stochastic rounding); both reduce rows are the library's "reduce"
+    launch, sub-byte rules included."""
+    import torch
+
+    from taco_triton.config import CompressionConfig
+    from taco_triton.kernels._launch import heuristic
+
+    aot = _aot_module()
+    cfg = CompressionConfig()
+    assert heuristic("compress", cfg) == {"num_warps": 4, "num_stages": 2}
+    assert heuristic("compress", cfg.replace(rounding="stochastic")) == {"num_warps": 8, "num_stages": 2}
+    assert heuristic("decompress", cfg, "hip") == {"num_warps": 8, "num_stages": 2}
+    for kernel in aot.KERNELS:
+        assert aot.launch_choices(kernel, cfg, torch.bfloat16, "hip")[0]["num_warps"] == 8
+        assert aot.launch_choices(kernel, cfg, torch.bfloat16, "cuda")[0]["num_warps"] == 4
+    int6 = CompressionConfig(codec="int6", group_size=512)  # a "reduce" rule: 8 warps
+    assert aot.launch_choices("reduce_dense", int6, torch.bfloat16)[0] == heuristic("reduce", int6)
+    assert {v.num_warps for v in aot.variants("ci", "hip") if v.config == cfg} >= {8}

@@ -353,19 +353,27 @@ def decode_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, OUT_DTYPE: tl
 
 
 @triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def row_absmax(y):
-    """[ROWS] largest |y| of each row; NaN if the row holds a NaN, Inf if it holds an Inf.
+def row_absmax(y, CDNA: tl.constexpr = 0):
+    """[ROWS] largest |y| of each row (FP32 y); NaN if the row holds a NaN, Inf if it holds an Inf.
 
     Under the Hadamard transform every output of a row mixes every input, so a NaN/Inf input
     poisons the whole output row: this one reduction finds both the group's amax and whether
     the group was finite, with no separate scan of the input.
     """
-    return tl.reduce(tl.abs(y), 1, _max_nan)
+    if CDNA > 0:
+        # AMD: a NaN-propagating float max is three instructions (compare, select, max). The
+        # largest |y| is the largest bit pattern with the sign cleared: non-negative floats order
+        # as their bits, Inf above every finite value and NaN above Inf (a NaN comes out as some
+        # NaN). NVIDIA's one max instruction propagates NaN and takes |y| as an operand.
+        bits = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return tl.reduce(tl.abs(y), 1, _max_nan)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -535,3 +543,51 @@ def to_out_dtype(y, out_ptr, HW: tl.constexpr):
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         y = b.to(tl.float32, bitcast=True)
     return y.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def encode_fp8_fnuz(v, CODEC: tl.constexpr):
+    """OCP FP8 codes of |v| <= code_max, rounded to nearest even, through AMD CDNA3's FNUZ
+    conversions (v_cvt_pk_fp8_f32 / v_cvt_pk_bf8_f32: two values per instruction).
+
+    e4m3fnuz and e5m2fnuz have the exponent bias of OCP's e4m3fn and e5m2 plus one, so the FNUZ
+    code of v / 2 has the bits of the OCP code of v, subnormals included (halving is exact and
+    maps one grid onto the other, so round-to-nearest-even picks the same code). The formats
+    differ only where the encoder never goes: FNUZ has no -0 (a negative v that rounds to zero
+    gives +0, so the sign bit is put back from v) and its largest magnitudes (v / 2 above 224) are
+    OCP's NaN codes, which |v| <= code_max never reaches. Equals `encode_codes` (nearest).
+    """
+    half = v * 0.5
+    if CODEC == E4M3:
+        fnuz = half.to(tl.float8e4b8).to(tl.uint8, bitcast=True)
+    else:
+        fnuz = half.to(tl.float8e5b16).to(tl.uint8, bitcast=True)
+    sign = ((v.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
+    return (fnuz & 0x7F) | sign
+
+
+@triton.jit
+def decode_fp8_fnuz(codes, OUT_DTYPE: tl.constexpr):
+    """Values of OCP E4M3 codes (u8) in OUT_DTYPE through AMD CDNA3's FNUZ conversion
+    (v_cvt_pk_f32_fp8: two codes per instruction); equals `decode_codes` for E4M3.
+
+    A code read as e4m3fnuz is half its OCP value (bias one higher) but for the two codes whose
+    meaning differs: 0x80 (FNUZ NaN, OCP -0) and +-0x7F (FNUZ +-240, OCP NaN). (E5M2 codes keep
+    `decode_codes`' two-instruction fp16 path.)
+    """
+    f = codes.to(tl.float8e4b8, bitcast=True).to(tl.float32)
+    # both tests on the FNUZ value (its only NaN is 0x80, its only +-240 are +-0x7F): a compare
+    # with |f| is one instruction (abs is an operand modifier), on the code two (mask, compare)
+    v = tl.where(tl.abs(f) == 240.0, float("nan"), f * 2.0)
+    return tl.where(f != f, -0.0, v).to(OUT_DTYPE)  # noqa: PLR0124 - f != f is True for NaN
+
+
+@triton.jit
+def decode_target_codes(codes, CODEC: tl.constexpr, FP8_HW: tl.constexpr, CDNA: tl.constexpr,
+                        OUT_DTYPE: tl.constexpr, NV: tl.constexpr = False):
+    """`decode_codes`, E4M3 to FP32 through the FNUZ conversion on gfx94x (CDNA 3). To fp16
+    (the transform's 16-bit operands) `decode_codes`' bit placement is fewer instructions there."""
+    if CDNA == 3 and CODEC == E4M3 and OUT_DTYPE == tl.float32:
+        return decode_fp8_fnuz(codes, OUT_DTYPE)
+    else:
+        return decode_codes(codes, CODEC, FP8_HW, OUT_DTYPE, NV)

@@ -47,6 +47,15 @@ class Target:
         """OCP FP8 (e4m3fn / e5m2) hardware conversions: NVIDIA sm_89 and newer."""
         return self.backend == "cuda" and int(self.arch) >= 89
 
+    @property
+    def cdna(self) -> int:
+        """AMD CDNA generation (1: gfx908, 2: gfx90a, 3: gfx94x, 4: gfx95x), 0 for anything else.
+        CDNA 3 converts FP8 only in the FNUZ flavours (e4m3fnuz / e5m2fnuz, exponent bias one above
+        OCP's); CDNA 4 converts the OCP formats themselves."""
+        if self.backend != "hip":
+            return 0
+        return {"gfx908": 1, "gfx90a": 2}.get(str(self.arch), {"gfx94": 3, "gfx95": 4}.get(str(self.arch)[:5], 0))
+
     def __str__(self) -> str:
         return f"sm_{self.arch}" if self.backend == "cuda" else str(self.arch or self.backend)
 
@@ -85,7 +94,10 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
     default for them is one TF32 pass): `_common._dot` splits them into three exact bf16 pieces;
     AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter. KRON: how the
     G = 256/512 transform's second stage is laid out (`_common.hadamard_rows`): batched on sm_90,
-    batched for FP32 operands on sm_100 and later, transposes elsewhere (by bench/aot.py).
+    batched for FP32 operands on sm_100 and later, transposes elsewhere (by bench/aot.py). CDNA: the AMD
+    CDNA generation (`Target.cdna`, 0 elsewhere): CDNA 3 has only the FNUZ FP8 conversions, which
+    the encoder and E4M3 decoder reach OCP codes through (`_common.encode_fp8_fnuz`); every CDNA
+    finds a row's largest magnitude with integer max instructions (`_common.row_absmax`).
     """
     return {
         "HW": target.compiled,
@@ -93,6 +105,7 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
         "OP16": target.compiled and dtype in (torch.bfloat16, torch.float16),
         "DOT_PREC": "tf32x3" if target.backend == "cuda" else "ieee",
         "KRON": (1 if int(target.arch) == 90 else 2 if int(target.arch) >= 100 else 0) if target.backend == "cuda" else 0,
+        "CDNA": target.cdna,
     }
 
 
@@ -110,13 +123,17 @@ SUBBYTE_WARPS = (
 )
 
 
-def heuristic(kernel: str, config: CompressionConfig) -> dict:
+def heuristic(kernel: str, config: CompressionConfig, backend: str = "cuda") -> dict:
     """A safe default: 4 warps (a 64-row tile is one warpgroup on Hopper), 2 stages (the loads of
     the next tile overlap the current one in the persistent loop). Stochastic rounding carries a
     32-bit random stream and the integer encoder per element: 8 warps halve the registers per
-    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py). The sub-byte kernels
-    follow `SUBBYTE_WARPS`."""
-    warps = 8 if config.stochastic else 4
+    thread (4 warps spill on sm_80 in the fused reduce, by bench/aot.py). AMD (`backend` "hip"):
+    8 waves of 64 lanes, 16 elements of a tile per lane instead of 32: the registers per lane drop
+    (e.g. gfx942 decompress at G=128 from 292 to 150 VGPRs) and more waves share a SIMD, which is
+    what issues a CU's instruction classes in parallel (bench/aot.py, gfx942: reduce to dense
+    75 -> 97%, compress at G=256 53 -> 65%; the fused reduce loses under a point). The sub-byte
+    kernels follow `SUBBYTE_WARPS` on every backend."""
+    warps = 8 if config.stochastic or backend == "hip" else 4
     for k, codec, stochastic, g, hadamard, w in SUBBYTE_WARPS:
         if (k == kernel and codec == config.codec and stochastic in (None, config.stochastic)
                 and g in (None, config.group_size) and hadamard in (None, config.hadamard)):
@@ -161,7 +178,8 @@ def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config:
         autotune_mode()  # unused here, but a TACO_AUTOTUNE typo raises on every backend, not only on GPUs
         return heuristic(kernel, config)
     found = _tuned_lookup(kernel, device, dtype, config, numel) if _tuned_lookup is not None else None
-    return found if found is not None else heuristic(kernel, config)
+    # a ROCm build of torch drives AMD GPUs only: no device query needed for the backend
+    return found if found is not None else heuristic(kernel, config, "hip" if torch.version.hip is not None else "cuda")
 
 
 @dataclass(frozen=True)

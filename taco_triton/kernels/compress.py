@@ -46,7 +46,7 @@ def _compress_tile(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr,
     DUAL: tl.constexpr, ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
-    DOT_PREC: tl.constexpr, KRON: tl.constexpr,
+    DOT_PREC: tl.constexpr, KRON: tl.constexpr, CDNA: tl.constexpr = 0,
 ):
     """Compress tile number `tile` of one tensor (both kernels below run this per tile)."""
     ROWS: tl.constexpr = SBT * GPS
@@ -58,7 +58,7 @@ def _compress_tile(
         pre = 1.0
     else:  # TACO's RMS pre-scale (cancels mathematically; kept to reproduce its layout)
         x = x.to(tl.float32)
-        finite = row_absmax(x) <= 3.4028234663852886e38
+        finite = row_absmax(x, CDNA) <= 3.4028234663852886e38
         # a non-finite group's sum of squares is not used: its pre-scale is 1. x G^-1 is x / G
         # bit for bit (G a power of two) without a division's slow path
         pre = taco_prescale(tl.sum(x * x, axis=1) * (1.0 / G), finite, CODE_MAX)
@@ -67,8 +67,8 @@ def _compress_tile(
         y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC, KRON, G == 128 and DUAL and not OP16 and not FP8_HW)
     else:
         y = x.to(tl.float32)
-    quantize_store(y, row_absmax(y), tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
-                   CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K)
+    quantize_store(y, row_absmax(y, CDNA), tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
+                   CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K, CDNA)
 
 
 @triton.jit(do_not_specialize=["tile0"])
@@ -77,6 +77,7 @@ def _compress_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0, TAIL: tl.constexpr = False,
+    CDNA: tl.constexpr = 0,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
@@ -84,12 +85,12 @@ def _compress_kernel(
     if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
         _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile0, numel, n_groups, n_sb, seed,
                        G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                       OP16, DOT_PREC, KRON)
+                       OP16, DOT_PREC, KRON, CDNA)
     else:
         for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
             _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
                            G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                           OP16, DOT_PREC, KRON)
+                           OP16, DOT_PREC, KRON, CDNA)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -98,7 +99,7 @@ def _compress_slots_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
-    ELEM_ALIGN: tl.constexpr = 1,
+    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0,
 ):
     """Compress n_chunks pieces of x, each into its slot of one wire buffer, and write each slot's
     tag and zero padding: the whole send buffer of a collective's pipeline slice in one launch.
@@ -139,7 +140,7 @@ def _compress_slots_kernel(
         for tile in range(first, n_tiles, nprog):
             _compress_tile(x_chunk, slot, a_ptr, b_ptr, h, h16, tile, numel, n_groups, n_sb, chunk_seed,
                            G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                           OP16, DOT_PREC, KRON)
+                           OP16, DOT_PREC, KRON, CDNA)
         if pid == j % nprog:
             write_tag(slot, tl.load(d + NBYTES), tl.load(d + SLOT_END), tl.load(d + TAG))
 

@@ -17,10 +17,10 @@ import triton.language as tl
 
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import E4M3, codec_constexprs, decode_codes, hadamard_rows, load_codes, load_tables
+from ._common import E4M3, INT8, codec_constexprs, decode_target_codes, hadamard_rows, load_codes, load_tables
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
-from ._tile import TILE_ELEMS, aligned_split, load_scales, store_dense, tile_rows
+from ._tile import TILE_ELEMS, aligned_split, load_scales, pin_rows, store_dense, tile_rows
 from .slots import (
     A_OFF,
     B_OFF,
@@ -46,6 +46,7 @@ def _decompress_tile(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
     PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr,
     OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, CHECKED: tl.constexpr, KRON: tl.constexpr,
+    CDNA: tl.constexpr = 0,
 ):
     """Decompress tile number `tile` of one wire buffer; CHECKED: all NaN where `bad` (a slot
     whose tag did not match)."""
@@ -55,7 +56,12 @@ def _decompress_tile(
     if DUAL or not HADAMARD:
         sigma = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
     if HADAMARD:  # +-1 transform of the codes first, then one scale multiply per element
-        vals = decode_codes(codes, CODEC, FP8_HW, tl.float16 if OP16 else tl.float32, DOT_PREC == "tf32x3")
+        vals = decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float16 if OP16 else tl.float32, DOT_PREC == "tf32x3")
+        # one dot (the two-stage transform of larger G was not affected) and a decode of more than
+        # a hardware FP8 conversion (sm_89+: repeating that one cost less than the shared-memory
+        # round trip, 0.51 -> 0.64 instructions per element on sm_89): see `pin_rows`
+        if G <= 128 and not (FP8_HW and CODEC != INT8):
+            vals = pin_rows(vals, rows)
         # E4M3 decoded in software on NVIDIA (sm_80): the transposed dot decodes each code twice, not
         # four times (`hadamard_rows`); no gain at G = 32, or where the decode is cheap
         y = hadamard_rows(vals, h, h16, ROWS, G, DOT_PREC, KRON, False,
@@ -64,7 +70,7 @@ def _decompress_tile(
             sigma = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
         y = y * (2.0 * sigma)[:, None]
     else:
-        y = decode_codes(codes, CODEC, FP8_HW, tl.float32) * sigma[:, None]
+        y = decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32, DOT_PREC == "tf32x3") * sigma[:, None]
     if CHECKED:
         y = tl.where(bad, float("nan"), y)
     store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
@@ -77,7 +83,7 @@ def _decompress_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
-    TAIL: tl.constexpr = False,
+    TAIL: tl.constexpr = False, CDNA: tl.constexpr = 0,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
@@ -85,12 +91,12 @@ def _decompress_kernel(
     if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
         _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile0, numel, n_groups, n_sb, out_max,
                          inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                         OVERFLOW, False, KRON)
+                         OVERFLOW, False, KRON, CDNA)
     else:
         for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
             _decompress_tile(codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h, h16, tile, numel, n_groups, n_sb, out_max,
                              inf_above, False, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                             OVERFLOW, False, KRON)
+                             OVERFLOW, False, KRON, CDNA)
 
 
 @triton.jit(do_not_specialize=["k", "seq"])
@@ -99,7 +105,7 @@ def _decompress_slots_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
-    ELEM_ALIGN: tl.constexpr = 1,
+    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0,
 ):
     """Decompress n_chunks slots of one received buffer into their pieces of out, in one launch.
 
@@ -138,7 +144,7 @@ def _decompress_slots_kernel(
         for tile in range(first, n_tiles, nprog):
             _decompress_tile(slot, a_ptr, b_ptr, out_chunk, h, h16, tile, numel, n_groups, n_sb, out_max, inf_above,
                              bad, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                             OVERFLOW, True, KRON)
+                             OVERFLOW, True, KRON, CDNA)
 
 
 def _meta(out_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int,

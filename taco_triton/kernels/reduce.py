@@ -22,7 +22,7 @@ from ..layout import WireLayout
 from ._common import (
     STOCHASTIC,
     codec_constexprs,
-    decode_codes,
+    decode_target_codes,
     hadamard_rows,
     load_codes,
     load_tables,
@@ -43,6 +43,7 @@ def _reduce_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
     DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False, KRON: tl.constexpr = 0,
+    CDNA: tl.constexpr = 0,
 ):
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
@@ -76,7 +77,7 @@ def _reduce_kernel(
         for _p in range(n_ranks):
             codes = load_codes(c_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
             sigma = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
-            acc += decode_codes(codes, CODEC, FP8_HW, tl.float32, DOT_PREC == "tf32x3") * sigma[:, None]
+            acc += decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32, DOT_PREC == "tf32x3") * sigma[:, None]
             c_ptr += stride_codes
             a_ptr += stride_a
             b_ptr += stride_b
@@ -88,7 +89,7 @@ def _reduce_kernel(
                 acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC, KRON) * 2.0
             store_dense(acc, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
         else:
-            amax = row_absmax(acc)
+            amax = row_absmax(acc, CDNA)
             if DUAL:
                 pre_out = 1.0
             else:  # mean(x^2) of the original domain: 4G mean(y^2) under H/(2G)
@@ -102,7 +103,8 @@ def _reduce_kernel(
                 # the absmax of the scaled rows, bit for bit: rounding is monotonic and pre_out > 0
                 amax = amax * pre_out
             quantize_store(acc, amax, tile, rows, row_ok, offs, n_sb, out_codes_ptr, out_a_ptr, out_b_ptr, seed, pre_out,
-                           CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K)
+                           CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K,
+                           CDNA)
 
 
 def _row_views(bufs: torch.Tensor, layout: WireLayout):
