@@ -83,3 +83,28 @@ def test_time_budget_stops_after_the_first_case(tool, tmp_path, capsys):
                                    "--time-budget", "0.001"])
     assert rc == 0 and len(df) == 1
     assert "1 cases not run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_the_reference_is_within_the_bounds_the_script_judges_by(tool, dtype):
+    """A control: on the script's inputs (subnormals, near-maximum values, NaN and Inf groups)
+    the reference's own wire buffers, compressed and reduced, are within the bounds a kernel's
+    differing bytes are judged by; otherwise a GPU run would call a correct kernel out of bound."""
+    from taco_triton import bounds, reference
+
+    u = bounds.U_DOT["interpreter"]
+    failures = []
+    for cfg in tool.configs(tool.parse_args(["--group-sizes", "32", "--dtypes", dtype])):
+        x = tool.make_input(1000, tool.DTYPES[dtype], 0)
+        finite = torch.isfinite(reference.to_groups(x, cfg.group_size)).all(dim=1)
+        ok, why = tool.wire_within_bound(x, reference.compress_reference(x, cfg), cfg, u, finite)
+        if not ok:
+            failures.append(f"compress {cfg}: {why}")
+        bufs = tool.rank_buffers(1000, cfg, tool.DTYPES[dtype], 3, 0)
+        acc = tool.transformed_sum(bufs, 1000, cfg, 1.0)
+        x_sum = (reference.hadamard_inverse(acc.double()) if cfg.hadamard else acc).reshape(-1).float()
+        ok, why = tool.wire_within_bound(x_sum, reference.reduce_reference(bufs, 1000, cfg), cfg, u,
+                                         torch.isfinite(acc).all(dim=1))
+        if not ok:
+            failures.append(f"reduce {cfg}: {why}")
+    assert not failures, failures
