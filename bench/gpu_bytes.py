@@ -22,10 +22,13 @@ the differing elements and the largest absolute and relative difference. Verdict
 
     identical               every byte equal
     differ (within bound)   bytes differ where the kernel may legitimately differ, and the
-                            values are within the bound the project states for that path
+                            values are within the bound the project states for that path; or,
+                            where identical bytes are expected, the differing bytes decode to
+                            equal numbers (+0 against -0: the kernels' reduce sums from +0, the
+                            reference from the first rank's term, so -0 on every rank gives -0)
     differ (OUT of bound)   a difference the bound does not allow (or a kernel error)
 
-Bit-identical is expected (a difference is OUT of bound) where the kernel does the reference's
+Bit-identical is expected (a difference in value is OUT of bound) where the kernel does the reference's
 FP32 operations in the same order:
   - compress without Hadamard with dual scales, nearest and stochastic rounding (the same
     counter-based random bits on both sides);
@@ -40,6 +43,11 @@ kernel's bytes (the format's bound on every code and scale, for the input the ke
 given: x, or for the reduce the ranks' summed decoded values); for dense outputs, the decoder's
 summation error per element, 2 gamma_G(U_DOT) of the row's absolute sum plus one rounding into
 the output dtype on each side. NaN groups must be NaN on both sides.
+
+(config, dtype) pairs run in a fixed shuffled order, so a run cut short by --time-budget still
+spans the codecs, dtypes and modes. In dense outputs a NaN against a NaN counts as equal (its
+payload and sign carry no value). Under Triton's interpreter (--device cpu) bf16 inputs have no
+subnormals: the interpreter converts bf16 subnormals wrongly.
 
 Usage:
     python bench/gpu_bytes.py                              # CUDA, G in 32,128,256
@@ -311,7 +319,7 @@ def run_case(kernel: str, cfg: CompressionConfig, dtype: torch.dtype, numel: int
     if row["bytes_differ"] == 0:
         row["verdict"] = IDENTICAL
     elif expect and row["unequal"] == 0:  # e.g. a sum that starts from +0 where the reference's starts from -0
-        row["verdict"], row["note"] = WITHIN, "values equal: only the sign of zeros differs"
+        row["verdict"], row["note"] = WITHIN, "values equal: the differing bytes decode to equal numbers (+0 and -0)"
     elif expect:
         row["verdict"], row["note"] = OUT, "bit-identical expected: same FP32 operations as the reference"
     else:
@@ -403,6 +411,8 @@ def main(argv=None) -> int:
         print("error: --device cpu runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1 before "
               "taco_triton is imported", file=sys.stderr)
         return 2
+    if device.type == "cuda" and interpreting():
+        print("WARNING: TRITON_INTERPRET is set: the kernels run in Triton's interpreter, not compiled for the GPU")
     name = meta.device_identity(device)[0]
     prov = dict(device=name, torch_version=meta.torch_version(), triton_version=meta.triton_version(),
                 git_commit=meta.git_commit(), date=meta.utc_now())

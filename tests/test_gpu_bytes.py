@@ -40,7 +40,7 @@ def test_bytes_identical_without_hadamard_for_every_kernel(tool, tmp_path, capsy
     # the reduce's sum starts from +0 where the reference's starts from the first rank's term, so a
     # zero that is -0 on every rank may come out +0: equal values, reported as such
     red = df[df["kernel"].str.startswith("reduce")]
-    assert ((red["verdict"] == tool.IDENTICAL) | (red["note"] == "values equal: only the sign of zeros differs")).all()
+    assert ((red["verdict"] == tool.IDENTICAL) | red["note"].str.startswith("values equal:")).all()
     assert set(red["ranks"]) <= {2, 3, 4}
     assert (df["device"] == "cpu-interpreter").all() and (df["git_commit"] != "").all()
     assert "OUT of bound: 0 cases" in capsys.readouterr().out
@@ -94,7 +94,8 @@ def test_the_reference_is_within_the_bounds_the_script_judges_by(tool, dtype):
 
     u = bounds.U_DOT["interpreter"]
     failures = []
-    for cfg in tool.configs(tool.parse_args(["--group-sizes", "32", "--dtypes", dtype])):
+    # nearest rounding: stochastic doubles the grid term of the same bound (tests/test_properties.py)
+    for cfg in tool.configs(tool.parse_args(["--group-sizes", "32", "--dtypes", dtype, "--roundings", "nearest"])):
         x = tool.make_input(1000, tool.DTYPES[dtype], 0)
         finite = torch.isfinite(reference.to_groups(x, cfg.group_size)).all(dim=1)
         ok, why = tool.wire_within_bound(x, reference.compress_reference(x, cfg), cfg, u, finite)
