@@ -176,8 +176,9 @@ def expected_identical(kernel: str, cfg: CompressionConfig) -> bool:
 
 
 def value_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
-    """Differing elements (by bits; NaN against NaN counts as equal), max abs and rel difference,
-    and `unequal`: elements that differ as numbers (so +0 against -0 is not one)."""
+    """Differing elements (by bits; NaN against NaN counts as equal), the largest absolute
+    difference (inf where one side is NaN) and relative difference (over the finite non-zero
+    reference values), and `unequal`: elements that differ as numbers (+0 against -0 does not)."""
     g, w = got.reshape(-1).double(), want.reshape(-1).double()
     both_nan = g.isnan() & w.isnan()
     bits = {2: torch.int16, 4: torch.int32}[got.element_size()]
@@ -186,10 +187,10 @@ def value_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
     unequal = int(((g != w) & ~both_nan).sum())
     diff = torch.where(both_nan | (g == w), 0.0, (g - w).abs())  # equal infinities differ by 0
     diff = torch.where(nan_mismatch, math.inf, diff)
-    rel = torch.where(w != 0, diff / w.abs(), torch.where(diff > 0, math.inf, 0.0))
-    rel = torch.where(w.isinf() & (diff == 0), 0.0, rel)
+    ref_ok = torch.isfinite(w) & (w != 0)  # relative to finite non-zero reference values only
+    rel = torch.where(ref_ok, diff / torch.where(ref_ok, w.abs(), 1.0), 0.0)
     return dict(elems_differ=int((~same).sum()), max_abs_diff=float(diff.max()) if diff.numel() else 0.0,
-                max_rel_diff=float(rel.nan_to_num(nan=math.inf).max()) if rel.numel() else 0.0,
+                max_rel_diff=float(rel.max()) if rel.numel() else 0.0,
                 unequal=unequal)
 
 
