@@ -451,6 +451,8 @@ def main(argv=None) -> int:
         if row["verdict"] != IDENTICAL:
             print(f"  {kernel} {cfg.codec} {dtype} G{cfg.group_size} H={cfg.hadamard} {cfg.scales} {cfg.rounding} "
                   f"n={numel}: {row['verdict']} {row.get('note', '')}", flush=True)
+        if (i + 1) % (len(args.sizes) * len(args.kernels)) == 0:  # after each (config, dtype): survives a kill
+            pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(path, index=False)
     df = pd.DataFrame(rows).reindex(columns=COLUMNS)
     df.to_csv(path, index=False)
     print_summary(df, len(cases) - len(rows))
