@@ -6,12 +6,13 @@
 #   env.txt              nvidia-smi, Python and package versions, CUDA device, git commit
 #   pytest.log           TACO_TEST_DEVICE=cuda pytest of the device-facing tests (-x; the step's timeout bounds it)
 #   bench.log            output of the kernel benchmarks (and of the TransformerEngine group check, where TE imports)
+#   bytes_vs_reference.csv              the kernels' bytes vs the torch reference per codec, dtype and mode
 #   kernels_<dev>_<date>.csv            default config (fp8_e4m3, G=128, Hadamard), 1 MiB .. 1 GiB
 #   kernels_<dev>_<date>_variants.csv   int8 G=128 and fp8_e4m3 G=256 (as time allows)
 #   sweep CSV, autotune.json             the autotune sweep (autotune.json -> autotune/tuned/<gpu>.json)
 #   summary.json         status, rc and seconds of every step, plus a digest of the results
 #
-# That is 8 files, all at the top of $OUT: a small, fixed set to copy into the repository.
+# That is 9 files, all at the top of $OUT: a small, fixed set to copy into the repository.
 # Every step runs under `timeout` and the script goes on when one fails; the whole run keeps
 # within GPU_CHECK_BUDGET_S seconds (default 450, inside 8 minutes). summary.json is
 # rewritten after every step, so a killed run still leaves one.
@@ -105,12 +106,25 @@ def bench_digest(path):
                        for r in rows if r["kernel"] == kernel and r["impl"] in ("triton", "compile")]
     return res
 
+def bytes_digest():
+    p = os.path.join(out, "bytes_vs_reference.csv")
+    if not os.path.exists(p):
+        return None
+    rows = list(csv.DictReader(open(p)))
+    verdicts = {}
+    for r in rows:
+        verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
+    bad = [f"{r['kernel']} {r['codec']} {r['dtype']} G{r['G']} hadamard={r['hadamard']} {r['scales']} {r['rounding']} "
+           f"n={r['numel']}: {r['note']}" for r in rows if "OUT" in r["verdict"]]
+    return dict(csv=os.path.basename(p), cases=len(rows), device=rows[0]["device"] if rows else None,
+                verdicts=verdicts, out_of_bound=bad[:20])
+
 summary = dict(
     script="bench/gpu_check.sh", dry_run=os.environ["DRY"] == "1",
     date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     elapsed_s=int(os.environ["ELAPSED"]), budget_s=int(os.environ["BUDGET"]), out=out,
     ok=bool(steps) and all(s["status"] in ("ok", "dry-run", "skipped") for s in steps),
-    steps=steps, pytest=pytest_digest(),
+    steps=steps, pytest=pytest_digest(), bytes_vs_reference=bytes_digest(),
     bench=[bench_digest(p) for p in sorted(glob.glob(os.path.join(out, "kernels_*.csv")))],
 )
 tmp = os.path.join(out, ".summary.json.tmp")
@@ -187,6 +201,24 @@ run_step "$GPU" cuda_graphs 90 30 pytest.log -- env TACO_TEST_DEVICE=cuda "$PY" 
   -q -x -rs -p no:cacheprovider
 # ---------------------------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------------------------
+# 2c. The kernels' bytes against the torch reference (bench/gpu_bytes.py): compress, decompress
+#     and the fused reduce for every codec, dtype, Hadamard, scale layout and rounding at
+#     G = 32, 128, 256, in a fixed shuffled order until its time budget; a verdict per case
+#     (identical / differ within bound / differ OUT of bound), rc 1 if any case is out of bound.
+#     Dry run: Triton's interpreter on a tiny set.
+if (( DRY_RUN )); then
+  run_step plan bytes_vs_reference 60 30 bench.log -- "$PY" bench/gpu_bytes.py --time-budget @BUDGET@ \
+    --csv "$OUT/bytes_vs_reference.csv"
+  run_step run bytes_vs_reference_cpu_tiny 120 30 bench.log -- env TRITON_INTERPRET=1 "$PY" bench/gpu_bytes.py \
+    --device cpu --codecs fp8_e4m3,int4 --dtypes fp16 --group-sizes 32 --roundings nearest --sizes 1000 \
+    --csv "$OUT/bytes_vs_reference.csv"
+else
+  run_step run bytes_vs_reference 60 30 bench.log -- "$PY" bench/gpu_bytes.py --time-budget @BUDGET@ \
+    --csv "$OUT/bytes_vs_reference.csv"
+fi
+# ---------------------------------------------------------------------------------------------
+
 # 3. The kernel benchmark: default config, 1 MiB .. 1 GiB of bf16.
 SIZES=1M,4M,16M,64M,256M,1G
 if (( DRY_RUN )); then
@@ -218,7 +250,7 @@ else
 fi
 # ---------------------------------------------------------------------------------------------
 
-# 5. Variants (int8, G=256) with the time that is left. $OUT now holds its 8 files.
+# 5. Variants (int8, G=256) with the time that is left. $OUT now holds its 9 files.
 run_step "$GPU" bench_variants 110 40 bench.log -- "$PY" bench/kernels.py --sizes "$SIZES" --time-budget @BUDGET@ \
   --config int8:128 --config fp8_e4m3:256 --tag variants --csv "$OUT/"
 

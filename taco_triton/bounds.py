@@ -15,9 +15,11 @@ Transformed domain, element i of group g (scale sigma_g, super-block scale S):
   plus TINY (2^-140 for products that land in FP32's subnormal range; on GPUs 2^-135 more for
   the bf16 split of FP32 operands, see U_DOT); TACO's pre-scale adds u per element. Zero without Hadamard and pre-scale.
 - sigma_g = 0 (all-zero group): the codes are 0 and the bound is |y_i| + delta_i.
-Scale quality: amax_g (1 - 4u) <= sigma_g code_max <= amax_g (1 + 2^-4)(1 + 4u) + code_max (S 2^-18 + 2^-149),
+Scale quality: amax_g (1 - 4u) - code_max (S 2^-149 + 2^-149) <= sigma_g code_max <= amax_g (1 + 2^-4)(1 + 4u) + code_max (S 2^-18 + 2^-149),
 amax_g widened by delta: E4M4 rounds up by at most one step (2^-4 relative, or 2^-18 S below its
-normal range).
+normal range); S 2^-149 (dual only): the FP32 ratio of a group's amax to its super-block's is
+rounded by up to 2^-150 absolute below FP32's normal range (0 below 2^-150: the group's codes are
+0); 2^-149: a scale in FP32's subnormal range is rounded by up to 2^-150 absolute.
 Original domain: x' = 2 y' H per group and H / sqrt(G) is orthogonal, so
     ||x' - x||_2 <= 2 sqrt(G) ||B||_2 + decoder roundings + output rounding,
 with B the elementwise bound (factor 1 without Hadamard).
@@ -121,9 +123,10 @@ def scale_bounds(x: torch.Tensor, c: Compressed, u_dot: float = U_DOT["interpret
     if cfg.scales == "taco_fp32x2":
         slack = slack + U32 * y.abs().amax(dim=1)
     amax = y.abs().amax(dim=1)
-    lower = (amax - slack) * (1 - 4 * U32) / spec.code_max
+    lower = (amax - slack) * (1 - 4 * U32) / spec.code_max - 2.0**-149  # subnormal sigma: absolute rounding
     upper = (amax + slack) * (1 + 4 * U32) / spec.code_max + 2.0**-149
     if cfg.scales == "dual":
+        lower = lower - superblock_scale_per_group(c) * 2.0**-149  # a subnormal (or zero) amax / sb_amax
         upper = upper * (1 + 2.0**-4) + superblock_scale_per_group(c) * 2.0**-18
     return group_sigma(c), lower, upper
 

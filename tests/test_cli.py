@@ -69,7 +69,7 @@ class _Parsed(Exception):
     """Raised instead of parsing: carries the CLI's finished parser."""
 
 
-CLIS = ["bench/kernels.py", "bench/collectives.py", "bench/real_tensors.py", "bench/train_throughput.py",
+CLIS = ["bench/kernels.py", "bench/gpu_bytes.py", "bench/collectives.py", "bench/real_tensors.py", "bench/train_throughput.py",
         "autotune.sweep", "autotune.show", "taco_triton.examples.train_gpt", "taco_triton.demo",
         "notebooks/run_all.py"]
 
