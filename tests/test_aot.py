@@ -180,13 +180,14 @@ def test_floor_check_names_every_kind_of_failure(monkeypatch):
     problems = aot.check_floors([fine, excepted, unnamed, amd, spilled, broken])
     assert len(problems) == 3, problems
     assert "84.9% < floor 85.0%" in problems[0] and "/256/" in problems[0]
-    assert "spills 16 B" in problems[1] and "did not compile" in problems[2]
+    assert "spills 16 B and no EXCEPTIONS entry" in problems[1] and "did not compile" in problems[2]
+    assert aot.check_floors([_row(rounding="stochastic", spill_bytes=8, pct_copy_bw_bound=90.0)]) == []
     # an excepted launch may not get slower than the committed table
     slower = aot.check_floors([excepted], baseline=[{**excepted, "pct_copy_bw_bound": 50.1}])
     assert slower == [slower[0]] and "50.0% < 50.1% of the committed table" in slower[0]
     assert aot.check_floors([excepted], baseline=[{**excepted, "pct_copy_bw_bound": 49.0}]) == []
     table = aot.exceptions_table([fine, excepted, _row(rounding="stochastic", pct_copy_bw_bound=60.0)])
-    assert "| target=sm_90, rounding=stochastic | 2 | 50.0 - 60.0 | random bits |" in table
+    assert "| target=sm_90, rounding=stochastic | 2 | 50.0 - 60.0 | - | random bits |" in table
 
 
 @pytest.fixture(scope="module")
