@@ -42,7 +42,7 @@ def _reduce_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
-    DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False,
+    DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False, SCALED: tl.constexpr = True,
 ):
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
@@ -83,7 +83,8 @@ def _reduce_kernel(
             c_ptr += stride_codes
             a_ptr += stride_a
             b_ptr += stride_b
-        acc = acc * scale
+        if SCALED:  # x * 1.0 is x bit for bit: a plain sum skips the multiply per element
+            acc = acc * scale
         if TAGGED:
             acc = tl.where(bad, float("nan"), acc)
         if DENSE:
@@ -135,6 +136,7 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
         target, torch.float32, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size,
         SBT=SB_PER_TILE, **codec_constexprs(config.spec, *code_addresses), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
         ROUND=int(STOCHASTIC) if config.stochastic else 0, DENSE=dense, OVERFLOW=inf_above != math.inf,
+        SCALED=scale != 1.0,
     )
     out_max = torch.finfo(target_out.dtype).max if dense else 0.0
     errors, tag_in, tag_out, tag_end = (target_out, 0, 0, 0) if tags is None else tags
