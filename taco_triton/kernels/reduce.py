@@ -69,6 +69,7 @@ def _reduce_kernel(
         if not DENSE:  # noqa: SIM102 - a constexpr test, kept apart from the runtime one
             if pid == 0:
                 write_tag(out_codes_ptr, tag_pos, tag_end, tag_out)
+    tl.assume(n_ranks >= 1)  # the launcher checks: no path for an empty rank loop (its own zeroed acc)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
         acc = tl.zeros([ROWS, G], dtype=tl.float32)
@@ -127,7 +128,9 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     zero padding up to slot_end. The kernel then finds the scale regions itself, at their byte
     offsets in each row (and in the output slot): in_a, in_b (o_a, o_b) may be the uint8 rows
     (the output slot) themselves, so a call needs no views. The last two arguments, k (slice) and seq (call), name the call
-    in an error record (0 here; the collectives pass theirs per call)."""
+    in an error record (0 here; the collectives pass theirs per call). Raises ValueError for n_ranks < 1."""
+    if n_ranks < 1:
+        raise ValueError(f"the reduce sums at least one rank's buffer, got n_ranks={n_ranks}")
     layout = WireLayout.of(numel, config)
     code_addresses = (in_c.data_ptr(), strides[0]) + (() if dense else (o_c.data_ptr(),))
     h, h16 = hadamard_tables(config.group_size, 1.0, torch.float32, device, shaped=device is None)
