@@ -166,13 +166,25 @@ def _sext6(v, SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _store_int6_words(codes_ptr, code, rows, row_ok, ROWS: tl.constexpr, G: tl.constexpr):
+def _push(acc, x, S: tl.constexpr):
+    """uint32 acc shifted right by S with the low S bits of x entering at the top: one funnel shift
+    (whatever x holds above bit S falls off). Building a word by pushing its codes from the lowest
+    needs no masking of the codes: the encoder's bits above a code are never looked at."""
+    return (acc >> S) | (x << (32 - S))
+
+
+@triton.jit
+def _store_int6_words(codes_ptr, code, rows, row_ok, live, ROWS: tl.constexpr, G: tl.constexpr):
     """INT6 codes [ROWS, G] as three little-endian int32 words per 16 codes (code k at bits
     [6k, 6k + 6) of the 96, the same bytes as `store_codes`' 3-byte words). The 16 codes of a
     word triple are taken apart with `tl.split` in four halvings (bit 0 of k first), so they stay
-    in the thread that holds them. codes_ptr must be 4-byte aligned."""
+    in the thread that holds them. Each word is then 6 funnel shifts (`_push`), its highest code
+    last: the two codes that straddle a word boundary enter one word with their low bits (a 2- or
+    4-bit push) and the next with all six, the low bits falling off its bottom. The bits a first
+    push leaves below it (26) are all shifted out by the pushes after it. codes_ptr must be 4-byte
+    aligned."""
     NW: tl.constexpr = G // 16
-    c = code.to(tl.int32) & 63
+    c = code.to(tl.uint32)
     n0, n1 = tl.split(tl.reshape(c, [ROWS, NW, 8, 2]))      # k & 1
     m00, m01 = tl.split(tl.reshape(n0, [ROWS, NW, 4, 2]))   # (k >> 1) & 1
     m10, m11 = tl.split(tl.reshape(n1, [ROWS, NW, 4, 2]))
@@ -188,14 +200,15 @@ def _store_int6_words(codes_ptr, code, rows, row_ok, ROWS: tl.constexpr, G: tl.c
     c5, c13 = tl.split(l101)
     c3, c11 = tl.split(l110)
     c7, c15 = tl.split(l111)
-    w0 = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18) | (c4 << 24) | (c5 << 30)
-    w1 = (c5 >> 2) | (c6 << 4) | (c7 << 10) | (c8 << 16) | (c9 << 22) | (c10 << 28)
-    w2 = (c10 >> 4) | (c11 << 2) | (c12 << 8) | (c13 << 14) | (c14 << 20) | (c15 << 26)
-    wp = codes_ptr.to(tl.pointer_type(tl.int32))
+    w0 = _push(_push(_push(_push(_push(_push(c0, c0, 6), c1, 6), c2, 6), c3, 6), c4, 6), c5, 2)
+    w1 = _push(_push(_push(_push(_push(_push(c5, c5, 6), c6, 6), c7, 6), c8, 6), c9, 6), c10, 4)
+    w2 = _push(_push(_push(_push(_push(_push(c10, c10, 6), c11, 6), c12, 6), c13, 6), c14, 6), c15, 6)
+    keep = live[:, None]
+    wp = codes_ptr.to(tl.pointer_type(tl.uint32))
     base = rows[:, None] * (G * 6 // 32) + tl.arange(0, NW)[None, :] * 3
-    tl.store(wp + base, w0, mask=row_ok[:, None])
-    tl.store(wp + base + 1, w1, mask=row_ok[:, None])
-    tl.store(wp + base + 2, w2, mask=row_ok[:, None])
+    tl.store(wp + base, tl.where(keep, w0, 0), mask=row_ok[:, None])
+    tl.store(wp + base + 1, tl.where(keep, w1, 0), mask=row_ok[:, None])
+    tl.store(wp + base + 2, tl.where(keep, w2, 0), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -228,9 +241,13 @@ def _load_int6_words(codes_ptr, rows, row_ok, ROWS: tl.constexpr, G: tl.constexp
 
 
 @triton.jit
-def store_codes(codes_ptr, code, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+def store_codes(codes_ptr, code, rows, offs, row_ok, live, ROWS: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
                 PACK_K: tl.constexpr):
     """Store a tile's u8 codes [ROWS, G] (integer codes: the int8 of the value) on the wire.
+
+    `live` [ROWS]: where `zeroes_dead_rows` says so, the codes of rows where it is false are
+    written as 0 whatever `code` holds there (a select per packed word, not one per code);
+    elsewhere the caller has zeroed them and `code` is stored as it is.
 
     BITS < 8 (reference.pack_codes): each word of PACK_K (2 or 4) codes, code j in bits
     [j BITS, (j+1) BITS), goes out as its W = PACK_K BITS / 8 little-endian bytes; a group takes
@@ -240,7 +257,7 @@ def store_codes(codes_ptr, code, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.c
     if BITS == 8:
         tl.store(codes_ptr + offs, code, mask=row_ok[:, None])
     elif PACK_K == INT6_WORD_CODES:
-        _store_int6_words(codes_ptr, code, rows, row_ok, ROWS, G)
+        _store_int6_words(codes_ptr, code, rows, row_ok, live, ROWS, G)
     else:
         W: tl.constexpr = PACK_K * BITS // 8
         NW: tl.constexpr = G // PACK_K
@@ -287,6 +304,15 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
             c3 = (word << (32 - 4 * BITS)) >> (32 - BITS)
             c = tl.join(tl.join(c0, c2), tl.join(c1, c3))  # [r, w, i, j] = code 4w + 2i + j
         return tl.reshape(c, [ROWS, G]).to(tl.int8).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def zeroes_dead_rows(PACK_K: tl.constexpr):
+    """True when `store_codes` writes 0 for the codes of rows that are not live by itself, one
+    select per packed word (INT6 words: 3 selects per 16 codes; the compiler moves a select of
+    the values past the encoder and applies it per code). Elsewhere the per-code select costs the
+    same wherever it sits, and on INT4 bytes it compiles better before the encoder."""
+    return PACK_K == INT6_WORD_CODES
 
 
 @triton.jit

@@ -24,6 +24,7 @@ from ._common import (
     row_absmax,
     saturating_encoder,
     store_codes,
+    zeroes_dead_rows,
     to_out_dtype,
 )
 from ._tables import SB_PER_TILE
@@ -118,14 +119,16 @@ def quantize_store(
     live = finite & (sigma > 0)
     k = tl.where(sigma < TINY_SIGMA, TINY_SCALE, 1.0)
     rcp = tl.where(live, tl.div_rn(1.0, tl.where(live, sigma * k, 1.0)), 0.0)
-    v = tl.where(live[:, None], (y * k[:, None]) * rcp[:, None], 0.0)  # a select: NaN rows become +0
+    v = (y * k[:, None]) * rcp[:, None]
+    if not zeroes_dead_rows(PACK_K):  # a select: NaN rows become +0 (else `store_codes` zeroes their codes)
+        v = tl.where(live[:, None], v, 0.0)
     if not saturating_encoder(CODEC, ROUND, FP8_HW):
         v = tl.minimum(tl.maximum(v, -CODE_MAX), CODE_MAX)
     if ROUND == STOCHASTIC:
         rand = random_bits(seed, offs)
     else:
         rand = 0
-    store_codes(codes_ptr, encode_codes(v, rand, CODEC, MBITS, EMIN, ROUND, HW, FP8_HW), rows, offs, row_ok,
+    store_codes(codes_ptr, encode_codes(v, rand, CODEC, MBITS, EMIN, ROUND, HW, FP8_HW), rows, offs, row_ok, live,
                 SBT * GPS, G, BITS, PACK_K)
 
 
