@@ -34,20 +34,27 @@ TINY_SCALE: tl.constexpr = tl.constexpr(2.0**64)
 #: INT6 codes moved as 32-bit words: 16 codes in three words (instead of 4 codes in three bytes).
 #: As PACK_K it selects the word path in `store_codes` / `load_codes`.
 INT6_WORD_CODES: tl.constexpr = tl.constexpr(16)
+#: INT4 codes stored as 32-bit words: 8 codes per word (instead of 2 codes per byte); PACK_K as above.
+INT4_WORD_CODES: tl.constexpr = tl.constexpr(8)
 
 
-def codec_constexprs(spec: CodecSpec, *code_addresses: int) -> dict:
+def codec_constexprs(spec: CodecSpec, *code_addresses: int, int4_words: bool = True) -> dict:
     """The constexprs a kernel needs for one codec, read from the codec's spec.
 
     `code_addresses`: the byte addresses (and per-rank byte strides) of the packed codes the
     launch reads or writes. When all are 4-byte aligned, INT6 codes move as 32-bit words, 16
-    codes per three words (PACK_K = 16): a third of the memory instructions of byte access. A
-    group's codes (G * 6 / 8 bytes, G >= 32) are a whole number of words, so only the buffer's own
-    alignment decides; an unaligned view (a slice of a larger buffer) takes the byte path.
+    codes per three words (PACK_K = 16): a third of the memory instructions of byte access; INT4
+    codes are stored as words of 8 codes (PACK_K = 8, read as bytes) unless `int4_words` is
+    false. A group's codes (G * BITS / 8 bytes, G >= 32) are a whole number of words, so only the
+    buffer's own alignment decides; an unaligned view (a slice of a larger buffer) takes the byte
+    path. The wire bytes are the same on every path.
     """
     pack_k = packing(spec.bits)[0]
-    if spec.bits == 6 and code_addresses and all(int(a) % 4 == 0 for a in code_addresses):
-        pack_k = INT6_WORD_CODES.value
+    if code_addresses and all(int(a) % 4 == 0 for a in code_addresses):
+        if spec.bits == 6:
+            pack_k = INT6_WORD_CODES.value
+        elif spec.bits == 4 and int4_words:
+            pack_k = INT4_WORD_CODES.value
     return {
         "CODEC": CODEC_IDS[spec.name], "CODE_MAX": spec.code_max, "MBITS": spec.mbits,
         "EMIN": spec.emin, "SUB": 2.0 ** (spec.emin - spec.mbits), "BITS": spec.bits,
@@ -212,6 +219,25 @@ def _store_int6_words(codes_ptr, code, rows, row_ok, live, ROWS: tl.constexpr, G
 
 
 @triton.jit
+def _store_int4_words(codes_ptr, code, rows, row_ok, live, ROWS: tl.constexpr, G: tl.constexpr):
+    """INT4 codes [ROWS, G] as one uint32 word per 8 codes (code k at bits [4k, 4k + 4), the same
+    bytes as `store_codes`' byte path), taken apart with `tl.split` as in `_store_int6_words` and
+    pushed in from the lowest (8 funnel shifts a word). codes_ptr must be 4-byte aligned."""
+    NW: tl.constexpr = G // 8
+    c = code.to(tl.uint32)
+    n0, n1 = tl.split(tl.reshape(c, [ROWS, NW, 4, 2]))     # k & 1
+    m00, m01 = tl.split(tl.reshape(n0, [ROWS, NW, 2, 2]))  # (k >> 1) & 1
+    m10, m11 = tl.split(tl.reshape(n1, [ROWS, NW, 2, 2]))
+    c0, c4 = tl.split(m00)  # m_ba holds codes b + 2a and that + 4
+    c2, c6 = tl.split(m01)
+    c1, c5 = tl.split(m10)
+    c3, c7 = tl.split(m11)
+    w = _push(_push(_push(_push(_push(_push(_push(_push(c0, c0, 4), c1, 4), c2, 4), c3, 4), c4, 4), c5, 4), c6, 4), c7, 4)
+    wp = codes_ptr.to(tl.pointer_type(tl.uint32))
+    tl.store(wp + rows[:, None] * NW + tl.arange(0, NW)[None, :], tl.where(live[:, None], w, 0), mask=row_ok[:, None])
+
+
+@triton.jit
 def _load_int6_words(codes_ptr, rows, row_ok, ROWS: tl.constexpr, G: tl.constexpr):
     """The inverse of `_store_int6_words`: u8 codes [ROWS, G], 0 in masked rows."""
     NW: tl.constexpr = G // 16
@@ -258,6 +284,8 @@ def store_codes(codes_ptr, code, rows, offs, row_ok, live, ROWS: tl.constexpr, G
         tl.store(codes_ptr + offs, code, mask=row_ok[:, None])
     elif PACK_K == INT6_WORD_CODES:
         _store_int6_words(codes_ptr, code, rows, row_ok, live, ROWS, G)
+    elif PACK_K == INT4_WORD_CODES:
+        _store_int4_words(codes_ptr, code, rows, row_ok, live, ROWS, G)
     else:
         W: tl.constexpr = PACK_K * BITS // 8
         NW: tl.constexpr = G // PACK_K
@@ -287,9 +315,10 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
         return tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
     elif PACK_K == INT6_WORD_CODES:
         return _load_int6_words(codes_ptr, rows, row_ok, ROWS, G)
-    else:
-        W: tl.constexpr = PACK_K * BITS // 8
-        NW: tl.constexpr = G // PACK_K
+    else:  # INT4 words are read as their bytes, 2 codes each (the compiler merges the loads)
+        K: tl.constexpr = 2 if PACK_K == INT4_WORD_CODES else PACK_K
+        W: tl.constexpr = K * BITS // 8
+        NW: tl.constexpr = G // K
         base = rows[:, None] * (G * BITS // 8) + tl.arange(0, NW)[None, :] * W
         word = tl.zeros([ROWS, NW], dtype=tl.int32)
         for j in tl.static_range(W):
@@ -297,7 +326,7 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
         # code j to the top of an int32, then an arithmetic shift down sign-extends it
         c0 = (word << (32 - BITS)) >> (32 - BITS)
         c1 = (word << (32 - 2 * BITS)) >> (32 - BITS)
-        if PACK_K == 2:
+        if K == 2:
             c = tl.join(c0, c1)
         else:
             c2 = (word << (32 - 3 * BITS)) >> (32 - BITS)
@@ -312,7 +341,7 @@ def zeroes_dead_rows(PACK_K: tl.constexpr):
     select per packed word (INT6 words: 3 selects per 16 codes; the compiler moves a select of
     the values past the encoder and applies it per code). Elsewhere the per-code select costs the
     same wherever it sits, and on INT4 bytes it compiles better before the encoder."""
-    return PACK_K == INT6_WORD_CODES
+    return PACK_K == INT6_WORD_CODES or PACK_K == INT4_WORD_CODES
 
 
 @triton.jit
