@@ -215,7 +215,7 @@ def test_int4_codes_stored_as_words_when_aligned_write_the_bytes_of_the_byte_pat
     """Aligned INT4 codes are stored as 32-bit words of 8 codes, codes at an address that is not a
     multiple of 4 two per byte: the same wire bytes (and without the transform, the reference's),
     NaN and all-zero groups included; the reduce, which stores words too, sums them as the
-    reference does."""
+    reference does, as a plain sum (no multiply) and averaged; it refuses zero ranks."""
     from taco_triton.kernels._common import INT4_WORD_CODES, codec_constexprs
     from taco_triton.kernels._launch import heuristic, target_of
     from taco_triton.kernels.compress import _meta, compress_launch
@@ -243,7 +243,11 @@ def test_int4_codes_stored_as_words_when_aligned_write_the_bytes_of_the_byte_pat
     bufs = torch.zeros(2, stride, dtype=torch.uint8, device=DEVICE)
     bufs[0, : lay.nbytes] = wire
     bufs[1, : lay.nbytes] = taco.compress(x.flip(0), cfg, backend="triton").data
-    assert torch.equal(reduce_triton(bufs, x.numel(), cfg).cpu(), ref.reduce_reference(bufs.cpu(), x.numel(), cfg))
+    for scale in (1.0, 0.5):
+        got = reduce_triton(bufs, x.numel(), cfg, scale)
+        assert torch.equal(got.cpu(), ref.reduce_reference(bufs.cpu(), x.numel(), cfg, scale)), scale
+    with pytest.raises(ValueError, match="n_ranks=0"):
+        reduce_triton(bufs[:0], x.numel(), cfg)
 
 
 @pytest.mark.parametrize("cfg", [taco.CompressionConfig(rounding="stochastic", seed=9),
