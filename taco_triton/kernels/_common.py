@@ -181,16 +181,13 @@ def _push(acc, x, S: tl.constexpr):
 
 
 @triton.jit
-def _store_int6_words(codes_ptr, code, rows, row_ok, live, ROWS: tl.constexpr, G: tl.constexpr):
+def _store_int6_words(codes_ptr, code, rows, row_ok, ROWS: tl.constexpr, G: tl.constexpr):
     """INT6 codes [ROWS, G] as three little-endian int32 words per 16 codes (code k at bits
     [6k, 6k + 6) of the 96, the same bytes as `store_codes`' 3-byte words). The 16 codes of a
     word triple are taken apart with `tl.split` in four halvings (bit 0 of k first), so they stay
-    in the thread that holds them. The words of rows that are not `live` are written as 0 (one
-    select per word). Built with shifts of the masked codes: funnel pushes (`_push`, as the INT4
-    words) saved 1% of the instructions on sm_90 but spilled 8 B on sm_120 in the stochastic
-    reduce. codes_ptr must be 4-byte aligned."""
+    in the thread that holds them. codes_ptr must be 4-byte aligned."""
     NW: tl.constexpr = G // 16
-    c = code.to(tl.uint32) & 63
+    c = code.to(tl.int32) & 63
     n0, n1 = tl.split(tl.reshape(c, [ROWS, NW, 8, 2]))      # k & 1
     m00, m01 = tl.split(tl.reshape(n0, [ROWS, NW, 4, 2]))   # (k >> 1) & 1
     m10, m11 = tl.split(tl.reshape(n1, [ROWS, NW, 4, 2]))
@@ -209,12 +206,11 @@ def _store_int6_words(codes_ptr, code, rows, row_ok, live, ROWS: tl.constexpr, G
     w0 = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18) | (c4 << 24) | (c5 << 30)
     w1 = (c5 >> 2) | (c6 << 4) | (c7 << 10) | (c8 << 16) | (c9 << 22) | (c10 << 28)
     w2 = (c10 >> 4) | (c11 << 2) | (c12 << 8) | (c13 << 14) | (c14 << 20) | (c15 << 26)
-    keep = live[:, None]
-    wp = codes_ptr.to(tl.pointer_type(tl.uint32))
+    wp = codes_ptr.to(tl.pointer_type(tl.int32))
     base = rows[:, None] * (G * 6 // 32) + tl.arange(0, NW)[None, :] * 3
-    tl.store(wp + base, tl.where(keep, w0, 0), mask=row_ok[:, None])
-    tl.store(wp + base + 1, tl.where(keep, w1, 0), mask=row_ok[:, None])
-    tl.store(wp + base + 2, tl.where(keep, w2, 0), mask=row_ok[:, None])
+    tl.store(wp + base, w0, mask=row_ok[:, None])
+    tl.store(wp + base + 1, w1, mask=row_ok[:, None])
+    tl.store(wp + base + 2, w2, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -282,7 +278,7 @@ def store_codes(codes_ptr, code, rows, offs, row_ok, live, ROWS: tl.constexpr, G
     if BITS == 8:
         tl.store(codes_ptr + offs, code, mask=row_ok[:, None])
     elif PACK_K == INT6_WORD_CODES:
-        _store_int6_words(codes_ptr, code, rows, row_ok, live, ROWS, G)
+        _store_int6_words(codes_ptr, code, rows, row_ok, ROWS, G)
     elif PACK_K == INT4_WORD_CODES:
         _store_int4_words(codes_ptr, code, rows, row_ok, live, ROWS, G)
     else:
@@ -337,10 +333,10 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
 @triton.jit
 def zeroes_dead_rows(PACK_K: tl.constexpr):
     """True when `store_codes` writes 0 for the codes of rows that are not live by itself, one
-    select per packed word (INT6 words: 3 selects per 16 codes; the compiler moves a select of
-    the values past the encoder and applies it per code). Elsewhere the per-code select costs the
-    same wherever it sits, and on INT4 bytes it compiles better before the encoder."""
-    return PACK_K == INT6_WORD_CODES or PACK_K == INT4_WORD_CODES
+    select per packed word: INT4 words (1 select per 8 codes; the compiler moves a select of the
+    values past the encoder and applies it per code). On INT6 words the same spilled 8-16 B in
+    compress with the transform on sm_80/86/89 (G=256) and sm_100 (G=32), by bench/aot.py."""
+    return PACK_K == INT4_WORD_CODES
 
 
 @triton.jit
