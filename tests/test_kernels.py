@@ -209,6 +209,47 @@ def test_int6_codes_move_as_words_when_aligned_and_as_bytes_otherwise():
     assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("cfg", [taco.CompressionConfig(codec="int4", group_size=32, hadamard=False),
+                                 taco.CompressionConfig(codec="int4", group_size=256)], ids=cfg_id)
+def test_int4_codes_stored_as_words_when_aligned_write_the_bytes_of_the_byte_path(cfg):
+    """Aligned INT4 codes are stored as 32-bit words of 8 codes, codes at an address that is not a
+    multiple of 4 two per byte: the same wire bytes (and without the transform, the reference's),
+    NaN and all-zero groups included; the reduce, which stores words too, sums them as the
+    reference does, as a plain sum (no multiply) and averaged; it refuses zero ranks."""
+    from taco_triton.kernels._common import INT4_WORD_CODES, codec_constexprs
+    from taco_triton.kernels._launch import heuristic, target_of
+    from taco_triton.kernels.compress import _meta, compress_launch
+    from taco_triton.kernels.reduce import reduce_triton
+
+    x = make_input("outliers", (24, 512), torch.float32).to(DEVICE)
+    x[1, 5] = float("nan")
+    x[2, 256:] = 0
+    lay = WireLayout.of(x.numel(), cfg)
+    wire = taco.compress(x, cfg, backend="triton").data
+    target = target_of(x.device)
+    assert _meta(x.dtype, cfg, target, {}, wire.data_ptr())["PACK_K"] == INT4_WORD_CODES.value
+    if not cfg.hadamard:
+        assert torch.equal(wire.cpu(), ref.compress_reference(x.cpu(), cfg))
+    codes, a, b = lay.split(wire)
+
+    raw = torch.zeros(lay.scale_a_offset + 1, dtype=torch.uint8, device=DEVICE)
+    odd = raw[1:]  # codes at an address = 1 (mod 4)
+    assert codec_constexprs(cfg.spec, odd.data_ptr())["PACK_K"] == ref.packing(4)[0]
+    a2, b2 = torch.empty_like(a), torch.empty_like(b)
+    compress_launch(x, odd, a2, b2, x.numel(), cfg, target, heuristic("compress", cfg), x.device).run()
+    assert torch.equal(odd, codes.reshape(-1)) and torch.equal(a2, a) and torch.equal(b2, b)
+
+    stride = -(-lay.nbytes // 16) * 16
+    bufs = torch.zeros(2, stride, dtype=torch.uint8, device=DEVICE)
+    bufs[0, : lay.nbytes] = wire
+    bufs[1, : lay.nbytes] = taco.compress(x.flip(0), cfg, backend="triton").data
+    for scale in (1.0, 0.5):
+        got = reduce_triton(bufs, x.numel(), cfg, scale)
+        assert torch.equal(got.cpu(), ref.reduce_reference(bufs.cpu(), x.numel(), cfg, scale)), scale
+    with pytest.raises(ValueError, match="n_ranks=0"):
+        reduce_triton(bufs[:0], x.numel(), cfg)
+
+
 @pytest.mark.parametrize("cfg", [taco.CompressionConfig(rounding="stochastic", seed=9),
                                  taco.CompressionConfig(codec="int8", hadamard=False, rounding="stochastic", seed=4),
                                  taco.CompressionConfig(codec="int6", group_size=32, hadamard=False),

@@ -34,20 +34,27 @@ TINY_SCALE: tl.constexpr = tl.constexpr(2.0**64)
 #: INT6 codes moved as 32-bit words: 16 codes in three words (instead of 4 codes in three bytes).
 #: As PACK_K it selects the word path in `store_codes` / `load_codes`.
 INT6_WORD_CODES: tl.constexpr = tl.constexpr(16)
+#: INT4 codes stored as 32-bit words: 8 codes per word (instead of 2 codes per byte); PACK_K as above.
+INT4_WORD_CODES: tl.constexpr = tl.constexpr(8)
 
 
-def codec_constexprs(spec: CodecSpec, *code_addresses: int) -> dict:
+def codec_constexprs(spec: CodecSpec, *code_addresses: int, int4_words: bool = True) -> dict:
     """The constexprs a kernel needs for one codec, read from the codec's spec.
 
     `code_addresses`: the byte addresses (and per-rank byte strides) of the packed codes the
     launch reads or writes. When all are 4-byte aligned, INT6 codes move as 32-bit words, 16
-    codes per three words (PACK_K = 16): a third of the memory instructions of byte access. A
-    group's codes (G * 6 / 8 bytes, G >= 32) are a whole number of words, so only the buffer's own
-    alignment decides; an unaligned view (a slice of a larger buffer) takes the byte path.
+    codes per three words (PACK_K = 16): a third of the memory instructions of byte access; INT4
+    codes are stored as words of 8 codes (PACK_K = 8, read as bytes) unless `int4_words` is
+    false. A group's codes (G * BITS / 8 bytes, G >= 32) are a whole number of words, so only the
+    buffer's own alignment decides; an unaligned view (a slice of a larger buffer) takes the byte
+    path. The wire bytes are the same on every path.
     """
     pack_k = packing(spec.bits)[0]
-    if spec.bits == 6 and code_addresses and all(int(a) % 4 == 0 for a in code_addresses):
-        pack_k = INT6_WORD_CODES.value
+    if code_addresses and all(int(a) % 4 == 0 for a in code_addresses):
+        if spec.bits == 6:
+            pack_k = INT6_WORD_CODES.value
+        elif spec.bits == 4 and int4_words:
+            pack_k = INT4_WORD_CODES.value
     return {
         "CODEC": CODEC_IDS[spec.name], "CODE_MAX": spec.code_max, "MBITS": spec.mbits,
         "EMIN": spec.emin, "SUB": 2.0 ** (spec.emin - spec.mbits), "BITS": spec.bits,
@@ -193,6 +200,14 @@ def _sext6(v, SHIFT: tl.constexpr):
 
 
 @triton.jit
+def _push(acc, x, S: tl.constexpr):
+    """uint32 acc shifted right by S with the low S bits of x entering at the top: one funnel shift
+    (whatever x holds above bit S falls off). Building a word by pushing its codes from the lowest
+    needs no masking of the codes: the encoder's bits above a code are never looked at."""
+    return (acc >> S) | (x << (32 - S))
+
+
+@triton.jit
 def _store_int6_words(codes_ptr, code, rows, row_ok, ROWS: tl.constexpr, G: tl.constexpr):
     """INT6 codes [ROWS, G] as three little-endian int32 words per 16 codes (code k at bits
     [6k, 6k + 6) of the 96, the same bytes as `store_codes`' 3-byte words). The 16 codes of a
@@ -226,6 +241,25 @@ def _store_int6_words(codes_ptr, code, rows, row_ok, ROWS: tl.constexpr, G: tl.c
 
 
 @triton.jit
+def _store_int4_words(codes_ptr, code, rows, row_ok, live, ROWS: tl.constexpr, G: tl.constexpr):
+    """INT4 codes [ROWS, G] as one uint32 word per 8 codes (code k at bits [4k, 4k + 4), the same
+    bytes as `store_codes`' byte path), taken apart with `tl.split` as in `_store_int6_words` and
+    pushed in from the lowest (8 funnel shifts a word). codes_ptr must be 4-byte aligned."""
+    NW: tl.constexpr = G // 8
+    c = code.to(tl.uint32)
+    n0, n1 = tl.split(tl.reshape(c, [ROWS, NW, 4, 2]))     # k & 1
+    m00, m01 = tl.split(tl.reshape(n0, [ROWS, NW, 2, 2]))  # (k >> 1) & 1
+    m10, m11 = tl.split(tl.reshape(n1, [ROWS, NW, 2, 2]))
+    c0, c4 = tl.split(m00)  # m_ba holds codes b + 2a and that + 4
+    c2, c6 = tl.split(m01)
+    c1, c5 = tl.split(m10)
+    c3, c7 = tl.split(m11)
+    w = _push(_push(_push(_push(_push(_push(_push(_push(c0, c0, 4), c1, 4), c2, 4), c3, 4), c4, 4), c5, 4), c6, 4), c7, 4)
+    wp = codes_ptr.to(tl.pointer_type(tl.uint32))
+    tl.store(wp + rows[:, None] * NW + tl.arange(0, NW)[None, :], tl.where(live[:, None], w, 0), mask=row_ok[:, None])
+
+
+@triton.jit
 def _load_int6_words(codes_ptr, rows, row_ok, ROWS: tl.constexpr, G: tl.constexpr):
     """The inverse of `_store_int6_words`: u8 codes [ROWS, G], 0 in masked rows."""
     NW: tl.constexpr = G // 16
@@ -255,9 +289,13 @@ def _load_int6_words(codes_ptr, rows, row_ok, ROWS: tl.constexpr, G: tl.constexp
 
 
 @triton.jit
-def store_codes(codes_ptr, code, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+def store_codes(codes_ptr, code, rows, offs, row_ok, live, ROWS: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
                 PACK_K: tl.constexpr):
     """Store a tile's u8 codes [ROWS, G] (integer codes: the int8 of the value) on the wire.
+
+    `live` [ROWS]: where `zeroes_dead_rows` says so, the codes of rows where it is false are
+    written as 0 whatever `code` holds there (a select per packed word, not one per code);
+    elsewhere the caller has zeroed them and `code` is stored as it is.
 
     BITS < 8 (reference.pack_codes): each word of PACK_K (2 or 4) codes, code j in bits
     [j BITS, (j+1) BITS), goes out as its W = PACK_K BITS / 8 little-endian bytes; a group takes
@@ -268,6 +306,8 @@ def store_codes(codes_ptr, code, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.c
         tl.store(codes_ptr + offs, code, mask=row_ok[:, None])
     elif PACK_K == INT6_WORD_CODES:
         _store_int6_words(codes_ptr, code, rows, row_ok, ROWS, G)
+    elif PACK_K == INT4_WORD_CODES:
+        _store_int4_words(codes_ptr, code, rows, row_ok, live, ROWS, G)
     else:
         W: tl.constexpr = PACK_K * BITS // 8
         NW: tl.constexpr = G // PACK_K
@@ -297,9 +337,10 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
         return tl.load(codes_ptr + offs, mask=row_ok[:, None], other=0)
     elif PACK_K == INT6_WORD_CODES:
         return _load_int6_words(codes_ptr, rows, row_ok, ROWS, G)
-    else:
-        W: tl.constexpr = PACK_K * BITS // 8
-        NW: tl.constexpr = G // PACK_K
+    else:  # INT4 words are read as their bytes, 2 codes each (the compiler merges the loads)
+        K: tl.constexpr = 2 if PACK_K == INT4_WORD_CODES else PACK_K
+        W: tl.constexpr = K * BITS // 8
+        NW: tl.constexpr = G // K
         base = rows[:, None] * (G * BITS // 8) + tl.arange(0, NW)[None, :] * W
         word = tl.zeros([ROWS, NW], dtype=tl.int32)
         for j in tl.static_range(W):
@@ -307,13 +348,22 @@ def load_codes(codes_ptr, rows, offs, row_ok, ROWS: tl.constexpr, G: tl.constexp
         # code j to the top of an int32, then an arithmetic shift down sign-extends it
         c0 = (word << (32 - BITS)) >> (32 - BITS)
         c1 = (word << (32 - 2 * BITS)) >> (32 - BITS)
-        if PACK_K == 2:
+        if K == 2:
             c = tl.join(c0, c1)
         else:
             c2 = (word << (32 - 3 * BITS)) >> (32 - BITS)
             c3 = (word << (32 - 4 * BITS)) >> (32 - BITS)
             c = tl.join(tl.join(c0, c2), tl.join(c1, c3))  # [r, w, i, j] = code 4w + 2i + j
         return tl.reshape(c, [ROWS, G]).to(tl.int8).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def zeroes_dead_rows(PACK_K: tl.constexpr):
+    """True when `store_codes` writes 0 for the codes of rows that are not live by itself, one
+    select per packed word: INT4 words (1 select per 8 codes; the compiler moves a select of the
+    values past the encoder and applies it per code). On INT6 words the same spilled 8-16 B in
+    compress with the transform on sm_80/86/89 (G=256) and sm_100 (G=32), by bench/aot.py."""
+    return PACK_K == INT4_WORD_CODES
 
 
 @triton.jit

@@ -118,7 +118,6 @@ SUBBYTE_WARPS = (
     ("compress", "int6", True, 512, None, 8),     # 4 spill on sm_100 (Hadamard)
     ("compress", "int6", True, None, None, 4),    # 8 spill on sm_100 (G=64, Hadamard)
     ("decompress", "int6", None, 32, True, 8),    # 4 spill 8 B on sm_120
-    ("reduce", "int6", False, 512, None, 8),      # 4 spill 8 B on sm_86/sm_89
     ("reduce", "int6", None, None, None, 4),      # 8 no faster anywhere, slower on sm_90
 )
 

@@ -26,6 +26,7 @@ from ._common import (
     saturating_encoder,
     random_bits,
     store_codes,
+    zeroes_dead_rows,
     to_out_dtype,
 )
 from ._tables import SB_PER_TILE
@@ -138,7 +139,9 @@ def quantize_store(
     live = finite & (sigma > 0)
     k = tl.where(sigma < TINY_SIGMA, TINY_SCALE, 1.0)
     rcp = tl.where(live, tl.div_rn(1.0, tl.where(live, sigma * k, 1.0)), 0.0)
-    v = tl.where(live[:, None], (y * k[:, None]) * rcp[:, None], 0.0)  # a select: NaN rows become +0
+    v = (y * k[:, None]) * rcp[:, None]
+    if not zeroes_dead_rows(PACK_K):  # a select: NaN rows become +0 (else `store_codes` zeroes their codes)
+        v = tl.where(live[:, None], v, 0.0)
     if not saturating_encoder(CODEC, ROUND, FP8_HW):
         v = tl.minimum(tl.maximum(v, -CODE_MAX), CODE_MAX)
     if ROUND == STOCHASTIC:
@@ -149,7 +152,7 @@ def quantize_store(
         code = encode_fp8_fnuz(v, CODEC)
     else:
         code = encode_codes(v, rand, CODEC, MBITS, EMIN, ROUND, HW, FP8_HW)
-    store_codes(codes_ptr, code, rows, offs, row_ok, SBT * GPS, G, BITS, PACK_K)
+    store_codes(codes_ptr, code, rows, offs, row_ok, live, SBT * GPS, G, BITS, PACK_K)
 
 
 @triton.jit

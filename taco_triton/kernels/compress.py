@@ -146,10 +146,22 @@ def _compress_slots_kernel(
             write_tag(slot, tl.load(d + NBYTES), tl.load(d + SLOT_END), tl.load(d + TAG))
 
 
+def _int4_words(config: CompressionConfig) -> bool:
+    """Whether INT4 codes are stored as words of 8 (`_common.codec_constexprs`); chosen with
+    bench/aot.py on sm_90. Not after a one-dot transform (G <= 128): the dot's result holds 2
+    neighbouring codes per thread, and gathering a word's 8 goes through shared memory (G=32:
+    0.61 -> 0.65 instructions per element). Not for stochastic rounding without the transform
+    (192 -> 241 registers, 1.40 -> 1.46). Elsewhere words save instructions (G=32 without the
+    transform: 0.62 -> 0.60; G=512 with it: 0.73 -> 0.69)."""
+    if config.hadamard:
+        return config.group_size >= 256
+    return not config.stochastic
+
+
 def _meta(x_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int) -> dict:
     meta = launch_meta(
         target, x_dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
-        **codec_constexprs(config.spec, code_address), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+        **codec_constexprs(config.spec, code_address, int4_words=_int4_words(config)), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
         ROUND=int(STOCHASTIC) if config.stochastic else 0,
     )
     meta["OP16"] = target.compiled and x_dtype in (torch.bfloat16, torch.float16) and config.scales == "dual"

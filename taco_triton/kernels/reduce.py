@@ -43,7 +43,7 @@ def _reduce_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
     DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False, KRON: tl.constexpr = 0,
-    CDNA: tl.constexpr = 0,
+    CDNA: tl.constexpr = 0, SCALED: tl.constexpr = True,
 ):
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
@@ -70,6 +70,7 @@ def _reduce_kernel(
         if not DENSE:  # noqa: SIM102 - a constexpr test, kept apart from the runtime one
             if pid == 0:
                 write_tag(out_codes_ptr, tag_pos, tag_end, tag_out)
+    tl.assume(n_ranks >= 1)  # the launcher checks: no path for an empty rank loop (its own zeroed acc)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
         acc = tl.zeros([ROWS, G], dtype=tl.float32)
@@ -81,7 +82,8 @@ def _reduce_kernel(
             c_ptr += stride_codes
             a_ptr += stride_a
             b_ptr += stride_b
-        acc = acc * scale
+        if SCALED:  # x * 1.0 is x bit for bit: a plain sum skips the multiply per element
+            acc = acc * scale
         if TAGGED:
             acc = tl.where(bad, float("nan"), acc)
         if DENSE:
@@ -128,7 +130,9 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     zero padding up to slot_end. The kernel then finds the scale regions itself, at their byte
     offsets in each row (and in the output slot): in_a, in_b (o_a, o_b) may be the uint8 rows
     (the output slot) themselves, so a call needs no views. The last two arguments, k (slice) and seq (call), name the call
-    in an error record (0 here; the collectives pass theirs per call)."""
+    in an error record (0 here; the collectives pass theirs per call). Raises ValueError for n_ranks < 1."""
+    if n_ranks < 1:
+        raise ValueError(f"the reduce sums at least one rank's buffer, got n_ranks={n_ranks}")
     layout = WireLayout.of(numel, config)
     code_addresses = (in_c.data_ptr(), strides[0]) + (() if dense else (o_c.data_ptr(),))
     h, h16 = hadamard_tables(config.group_size, 1.0, torch.float32, device, shaped=device is None)
@@ -137,6 +141,7 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
         target, torch.float32, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size,
         SBT=SB_PER_TILE, **codec_constexprs(config.spec, *code_addresses), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
         ROUND=int(STOCHASTIC) if config.stochastic else 0, DENSE=dense, OVERFLOW=inf_above != math.inf,
+        SCALED=scale != 1.0,
     )
     out_max = torch.finfo(target_out.dtype).max if dense else 0.0
     errors, tag_in, tag_out, tag_end = (target_out, 0, 0, 0) if tags is None else tags
