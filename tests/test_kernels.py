@@ -312,7 +312,7 @@ def test_two_stage_hadamard_of_values_near_the_fp32_maximum_stays_finite(g, kind
 @pytest.mark.parametrize("g", [256, 512])
 def test_batched_second_stage_gives_the_transposed_forms_bytes(g, monkeypatch):
     """G = 256, 512: the second stage of the transform as a batched dot with the table on the
-    left (KRON 1, sm_90; and sm_100 for FP32 operands) against the transposes around a second dot
+    left (KRON 1, sm_90) against the transposes around a second dot
     (KRON 0): the same products, so the same bytes in compress (bf16 and FP32 input) and
     decompress; the reduce to dense sums its FP32 operands in another order there, so its
     outputs agree within twice gamma_G of the rows' absolute sums. The interpreter runs both forms

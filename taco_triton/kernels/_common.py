@@ -541,11 +541,9 @@ def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.c
     carrying the scale), two dots, so no operand exceeds 32x32; the second stage's operands are
     FP32 sums. KRON (`_launch.target_flags`) says how the second stage reaches the group's other
     axis: 0, transposes around a second dot [ROWS 16, G/16] @ h; 1, a batched dot with the table
-    on the left, h^T @ [G/16, 16] per row, no transpose; 2, the batched dot when the first stage's
-    operands are FP32 (the reduce to dense), else 0. By bench/aot.py the batched form is the
-    cheaper one on sm_90 (compress G=256 73% -> 81% of copy bandwidth), on sm_100 only for FP32
-    operands (reduce to dense G=256 84% -> 100%, compress 63% -> 55%), and the dearer one on sm_80
-    and AMD.
+    on the left, h^T @ [G/16, 16] per row, no transpose. By bench/aot.py the batched form is the
+    cheaper one on sm_90 (compress G=256 73% -> 81% of copy bandwidth) and the dearer one on
+    sm_80, sm_100 (compress G=256 63% -> 55%) and AMD.
 
     Precision: 16-bit operands (bf16/fp16 inputs, decoded codes) times a power of two are exact
     products, accumulated in FP32. Every dot with FP32 operands (FP32 or pre-scaled inputs of
@@ -569,7 +567,7 @@ def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.c
         y = _dot(x, h, DOT_PREC)
     else:
         y = _dot(tl.reshape(x, [ROWS * A, 16]), h16, DOT_PREC)
-    if G > 128 and (KRON == 1 or (KRON == 2 and x.dtype == tl.float32)):
+    if G > 128 and KRON == 1:
         ht = tl.broadcast_to(tl.trans(h)[None, :, :], [ROWS, A, A])
         y = tl.reshape(_dot_left(ht, tl.reshape(y, [ROWS, A, 16]), DOT_PREC), [ROWS, G])
     elif G > 128:

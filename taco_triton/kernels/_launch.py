@@ -94,7 +94,7 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
     default for them is one TF32 pass): `_common._dot` splits them into three exact bf16 pieces;
     AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter. KRON: how the
     G = 256/512 transform's second stage is laid out (`_common.hadamard_rows`): batched on sm_90,
-    batched for FP32 operands on sm_100/sm_103, transposes elsewhere (by bench/aot.py). CDNA: the AMD
+    transposes elsewhere (by bench/aot.py). CDNA: the AMD
     CDNA generation (`Target.cdna`, 0 elsewhere): CDNA 3 has only the FNUZ FP8 conversions, which
     the encoder and E4M3 decoder reach OCP codes through (`_common.encode_fp8_fnuz`); every CDNA
     finds a row's largest magnitude with integer max instructions (`_common.row_absmax`).
@@ -104,7 +104,7 @@ def target_flags(target: Target, dtype: torch.dtype) -> dict:
         "FP8_HW": target.fp8_hw,
         "OP16": target.compiled and dtype in (torch.bfloat16, torch.float16),
         "DOT_PREC": "tf32x3" if target.backend == "cuda" else "ieee",
-        "KRON": {90: 1, 100: 2, 103: 2}.get(int(target.arch), 0) if target.backend == "cuda" else 0,
+        "KRON": int(target.backend == "cuda" and int(target.arch) == 90),
         "CDNA": target.cdna,
     }
 

@@ -46,7 +46,7 @@ def _compress_tile(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr,
     DUAL: tl.constexpr, ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
-    DOT_PREC: tl.constexpr, KRON: tl.constexpr, CDNA: tl.constexpr = 0,
+    DOT_PREC: tl.constexpr, KRON: tl.constexpr, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False,
 ):
     """Compress tile number `tile` of one tensor (both kernels below run this per tile)."""
     ROWS: tl.constexpr = SBT * GPS
@@ -63,9 +63,8 @@ def _compress_tile(
         # bit for bit (G a power of two) without a division's slow path
         pre = taco_prescale(tl.sum(x * x, axis=1) * (1.0 / G), finite, CODE_MAX)
         x = x * pre[:, None]
-    if HADAMARD:  # FP32 input at G = 128 on NVIDIA's mma.sync targets (sm_80 .. sm_89, sm_120: KRON 0):
-        # the dot by K chunks (`_dot_k_chunks`; one dot spilled 1240 B on sm_89, 1144 B on sm_120)
-        y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC, KRON, G == 128 and DUAL and not OP16 and KRON == 0)
+    if HADAMARD:
+        y = hadamard_rows(x, h, h16, ROWS, G, DOT_PREC, KRON, K_CHUNKS)
     else:
         y = x.to(tl.float32)
     quantize_store(y, row_absmax(y, CDNA), tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
@@ -78,7 +77,7 @@ def _compress_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0, TAIL: tl.constexpr = False,
-    CDNA: tl.constexpr = 0,
+    CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
@@ -86,12 +85,12 @@ def _compress_kernel(
     if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
         _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile0, numel, n_groups, n_sb, seed,
                        G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                       OP16, DOT_PREC, KRON, CDNA)
+                       OP16, DOT_PREC, KRON, CDNA, K_CHUNKS)
     else:
         for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
             _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
                            G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                           OP16, DOT_PREC, KRON, CDNA)
+                           OP16, DOT_PREC, KRON, CDNA, K_CHUNKS)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -100,7 +99,7 @@ def _compress_slots_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
-    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0,
+    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False,
 ):
     """Compress n_chunks pieces of x, each into its slot of one wire buffer, and write each slot's
     tag and zero padding: the whole send buffer of a collective's pipeline slice in one launch.
@@ -141,7 +140,7 @@ def _compress_slots_kernel(
         for tile in range(first, n_tiles, nprog):
             _compress_tile(x_chunk, slot, a_ptr, b_ptr, h, h16, tile, numel, n_groups, n_sb, chunk_seed,
                            G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                           OP16, DOT_PREC, KRON, CDNA)
+                           OP16, DOT_PREC, KRON, CDNA, K_CHUNKS)
         if pid == j % nprog:
             write_tag(slot, tl.load(d + NBYTES), tl.load(d + SLOT_END), tl.load(d + TAG))
 
@@ -165,6 +164,10 @@ def _meta(x_dtype, config: CompressionConfig, target: Target, params: dict, code
         ROUND=int(STOCHASTIC) if config.stochastic else 0,
     )
     meta["OP16"] = target.compiled and x_dtype in (torch.bfloat16, torch.float16) and config.scales == "dual"
+    # FP32 input at G = 128 on NVIDIA's mma.sync targets (sm_80 .. sm_89, sm_120): the dot by K chunks
+    # (`_common._dot_k_chunks`; one dot spilled 1240 B on sm_89, 1144 B on sm_120, by bench/aot.py)
+    meta["K_CHUNKS"] = (target.backend == "cuda" and (int(target.arch) < 90 or int(target.arch) >= 120)
+                        and config.group_size == 128 and config.scales == "dual" and not meta["OP16"])
     return meta
 
 
