@@ -453,6 +453,19 @@ def load_tables(h_ptr, h16_ptr, G: tl.constexpr, DOT_PREC: tl.constexpr = "ieee"
 
 
 @triton.jit
+def _bf16_pieces(a):
+    """FP32 a as three bf16 pieces hi + mid + lo (see `_dot`), all formed before any dot uses
+    them: a and its rest die first (a dot per piece computed on the way kept a live and spilled
+    on sm_80 / sm_89). Exact; NaN pieces for +-Inf / NaN a (a row holding an Inf comes out NaN
+    where an FP32 dot gives +-Inf: zeroing the NaN costs a select per element, 100% -> 95.6% for
+    INT6 G=32 on sm_90)."""
+    hi = (a.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    r = a - hi
+    mid = (r.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return hi.to(tl.bfloat16), mid.to(tl.bfloat16), (r - mid).to(tl.bfloat16)
+
+
+@triton.jit
 def _dot(a, b, DOT_PREC: tl.constexpr):
     """a @ b accumulated in FP32, b a table of signed powers of two (exact in bf16).
 
@@ -471,16 +484,7 @@ def _dot(a, b, DOT_PREC: tl.constexpr):
     """
     if a.dtype == tl.float32 and DOT_PREC == "tf32x3":
         hb = b.to(tl.bfloat16)
-        hi = (a.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        # exact. NaN for +-Inf / NaN a: a row holding an Inf comes out NaN, where an FP32 dot gives
-        # +-Inf (zeroing the NaN costs a select per element: 100% -> 95.6% for INT6 G=32 on sm_90)
-        r = a - hi
-        mid = (r.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        # all three pieces first: a and r die before the dots (a dot per piece computed on the
-        # way kept a live and spilled on sm_80 / sm_89)
-        p_hi = hi.to(tl.bfloat16)
-        p_mid = mid.to(tl.bfloat16)
-        p_lo = (r - mid).to(tl.bfloat16)
+        p_hi, p_mid, p_lo = _bf16_pieces(a)
         acc = tl.dot(p_hi, hb, out_dtype=tl.float32)
         acc = tl.dot(p_mid, hb, acc, out_dtype=tl.float32)
         return tl.dot(p_lo, hb, acc, out_dtype=tl.float32)
@@ -496,12 +500,7 @@ def _dot_left(t, b, DOT_PREC: tl.constexpr):
     two: `_dot` with the table on the left, FP32 b split into three bf16 pieces on NVIDIA."""
     if b.dtype == tl.float32 and DOT_PREC == "tf32x3":
         ht = t.to(tl.bfloat16)
-        hi = (b.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        r = b - hi
-        mid = (r.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        p_hi = hi.to(tl.bfloat16)
-        p_mid = mid.to(tl.bfloat16)
-        p_lo = (r - mid).to(tl.bfloat16)
+        p_hi, p_mid, p_lo = _bf16_pieces(b)
         acc = tl.dot(ht, p_hi, out_dtype=tl.float32)
         acc = tl.dot(ht, p_mid, acc, out_dtype=tl.float32)
         return tl.dot(ht, p_lo, acc, out_dtype=tl.float32)
