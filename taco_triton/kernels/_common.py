@@ -466,8 +466,9 @@ def _bf16_pieces(a):
 
 
 @triton.jit
-def _dot(a, b, DOT_PREC: tl.constexpr):
-    """a @ b accumulated in FP32, b a table of signed powers of two (exact in bf16).
+def _dot(a, b, DOT_PREC: tl.constexpr, TABLE_LEFT: tl.constexpr = False):
+    """a @ b accumulated in FP32, b a table of signed powers of two (exact in bf16); with
+    TABLE_LEFT a is the table and b the data (batched: [B, M, K] @ [B, K, N]).
 
     16-bit a: one dot, exact products. FP32 a on NVIDIA (DOT_PREC "tf32x3"; Triton's default there
     would be one TF32 pass, rounding a to 10 mantissa bits): a is split into three bf16 pieces,
@@ -482,32 +483,29 @@ def _dot(a, b, DOT_PREC: tl.constexpr):
     FP32 copies of the pieces), which spilled on sm_80 and sm_90. FP32 a elsewhere: DOT_PREC
     ("ieee": AMD's FP32 matrix instructions, the interpreter).
     """
-    if a.dtype == tl.float32 and DOT_PREC == "tf32x3":
-        hb = b.to(tl.bfloat16)
-        p_hi, p_mid, p_lo = _bf16_pieces(a)
-        acc = tl.dot(p_hi, hb, out_dtype=tl.float32)
-        acc = tl.dot(p_mid, hb, acc, out_dtype=tl.float32)
-        return tl.dot(p_lo, hb, acc, out_dtype=tl.float32)
-    elif a.dtype == tl.float32:
+    if TABLE_LEFT:  # a is the table, b the data: the same with the dot's operands swapped
+        data, table = b, a
+    else:
+        data, table = a, b
+    if data.dtype == tl.float32 and DOT_PREC == "tf32x3":
+        t = table.to(tl.bfloat16)
+        p_hi, p_mid, p_lo = _bf16_pieces(data)
+        acc = _ordered_dot(p_hi, t, None, TABLE_LEFT)
+        acc = _ordered_dot(p_mid, t, acc, TABLE_LEFT)
+        return _ordered_dot(p_lo, t, acc, TABLE_LEFT)
+    elif data.dtype == tl.float32:
         return tl.dot(a, b, input_precision=DOT_PREC, out_dtype=tl.float32)
     else:
         return tl.dot(a, b, out_dtype=tl.float32)
 
 
 @triton.jit
-def _dot_left(t, b, DOT_PREC: tl.constexpr):
-    """t @ b (batched: [B, M, K] @ [B, K, N]) accumulated in FP32, t a table of signed powers of
-    two: `_dot` with the table on the left, FP32 b split into three bf16 pieces on NVIDIA."""
-    if b.dtype == tl.float32 and DOT_PREC == "tf32x3":
-        ht = t.to(tl.bfloat16)
-        p_hi, p_mid, p_lo = _bf16_pieces(b)
-        acc = tl.dot(ht, p_hi, out_dtype=tl.float32)
-        acc = tl.dot(ht, p_mid, acc, out_dtype=tl.float32)
-        return tl.dot(ht, p_lo, acc, out_dtype=tl.float32)
-    elif b.dtype == tl.float32:
-        return tl.dot(t, b, input_precision=DOT_PREC, out_dtype=tl.float32)
+def _ordered_dot(data, table, acc, TABLE_LEFT: tl.constexpr):
+    """table @ data (TABLE_LEFT) or data @ table, added to acc (None: a fresh FP32 sum)."""
+    if TABLE_LEFT:
+        return tl.dot(table, data, acc, out_dtype=tl.float32)
     else:
-        return tl.dot(t, b, out_dtype=tl.float32)
+        return tl.dot(data, table, acc, out_dtype=tl.float32)
 
 
 @triton.jit
@@ -547,7 +545,7 @@ def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.c
     Precision: 16-bit operands (bf16/fp16 inputs, decoded codes) times a power of two are exact
     products, accumulated in FP32. Every dot with FP32 operands (FP32 or pre-scaled inputs of
     compress, the summed ranks of the reduce to dense, the second stage of G = 256/512) runs at
-    DOT_PREC: on NVIDIA ("tf32x3") three exact bf16 pieces (`_dot`, `_dot_left`: exact products,
+    DOT_PREC: on NVIDIA ("tf32x3") three exact bf16 pieces (`_dot`: exact products,
     FP32 accumulation in the tensor cores' order, `bounds.U_DOT["gpu"]`), IEEE FP32 on AMD and in
     the interpreter.
     K_CHUNKS (G <= 128, FP32 x, NVIDIA): the dot by `_dot_k_chunks`.
@@ -568,7 +566,7 @@ def hadamard_rows(x, h, h16, ROWS: tl.constexpr, G: tl.constexpr, DOT_PREC: tl.c
         y = _dot(tl.reshape(x, [ROWS * A, 16]), h16, DOT_PREC)
     if G > 128 and KRON == 1:
         ht = tl.broadcast_to(tl.trans(h)[None, :, :], [ROWS, A, A])
-        y = tl.reshape(_dot_left(ht, tl.reshape(y, [ROWS, A, 16]), DOT_PREC), [ROWS, G])
+        y = tl.reshape(_dot(ht, tl.reshape(y, [ROWS, A, 16]), DOT_PREC, True), [ROWS, G])
     elif G > 128:
         y = tl.reshape(tl.trans(tl.reshape(y, [ROWS, A, 16]), 0, 2, 1), [ROWS * 16, A])
         y = _dot(y, h, DOT_PREC)
