@@ -55,8 +55,9 @@ $(DOCS_STAMP): $(STAMP)
 cpu-torch:
 	$(call install_cpu_torch,$(PY_FOR_TORCH))
 
+# DEMO_ARGS=--quick: smaller inputs and shorter training (about half the time)
 demo: $(STAMP)
-	$(PY) -m taco_triton.demo
+	$(PY) -m taco_triton.demo $(DEMO_ARGS)
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist; 2 = the cores of the machines it is
 # sized for). Tests that share an expensive module fixture stay on one worker (conftest.py).

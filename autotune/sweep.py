@@ -201,10 +201,10 @@ def main(argv=None) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         return _fail(f"--device {args.device} but this torch sees no CUDA device (torch {torch.__version__})")
-    interp = env.interpreting()
+    interp = env.use_interpreter_on_cpu(device.type)  # CPU: the interpreter, unless Triton came first
     if device.type != "cuda" and not interp:
         print(f"autotune.sweep: no compiled Triton kernels on device {device}: run on a GPU, or set "
-              "TRITON_INTERPRET=1 for a (CPU, interpreter) smoke run", file=sys.stderr)
+              "TRITON_INTERPRET=1 before Triton is imported for a (CPU, interpreter) smoke run", file=sys.stderr)
         return 2
     dev_name, cc = meta.device_identity(device)
     triton_v, torch_v, commit, date = meta.triton_version(), meta.torch_version(), meta.git_commit(), meta.utc_now()

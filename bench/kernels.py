@@ -31,7 +31,7 @@ Usage:
     python bench/kernels.py --codec int8            # INT8 codes
     python bench/kernels.py --group-size 256        # G = 256
     python bench/kernels.py --variants              # default, int8 and G=256 in one CSV
-    TRITON_INTERPRET=1 python bench/kernels.py --quick   # CPU smoke run (tiny sizes)
+    python bench/kernels.py --quick   # CPU smoke run (tiny sizes; the Triton column in the interpreter)
     python bench/kernels.py --device cpu --impls eager,bare,copy --sizes 8M   # the CPU backend
 
 Exit status: 0; 1 when no size was benchmarked (e.g. --time-budget spent first); 2 for bad
@@ -61,7 +61,7 @@ if str(ROOT) not in sys.path:  # run from the source tree without installing (be
 
 import torch  # noqa: E402
 
-from taco_triton import reference  # noqa: E402
+from taco_triton import env, reference  # noqa: E402
 from taco_triton.config import CODECS, GROUP_SIZES, CompressionConfig  # noqa: E402
 from taco_triton.layout import WireLayout  # noqa: E402
 
@@ -94,9 +94,7 @@ CPU_BANNER = """
 
 
 # --------------------------------------------------------------------------- small helpers
-def interpreting() -> bool:
-    """Triton's CPU interpreter is on (same test as taco_triton.kernels._common, without importing triton)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+interpreting = env.interpreting
 
 
 def parse_size(s: str) -> int:
@@ -396,7 +394,7 @@ class Bench:
         except ImportError:
             return False, "skipped: triton is not installed"
         if self.device.type == "cpu" and not interpreting():
-            return False, "skipped: Triton on CPU needs TRITON_INTERPRET=1 (set before start)"
+            return False, "skipped: Triton on CPU needs TRITON_INTERPRET=1 (set before Triton is imported)"
         return True, ""
 
     # ---------------------------------------------------------------- timing dispatch
@@ -724,6 +722,7 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
+    env.use_interpreter_on_cpu(device.type)  # the Triton column on CPU: the interpreter, unless Triton came first
     sizes = args.sizes or (
         (CUDA_QUICK_SIZES if args.quick else CUDA_SIZES) if device.type == "cuda"
         else (CPU_QUICK_SIZES if args.quick else CPU_SIZES)

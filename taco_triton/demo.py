@@ -17,16 +17,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
 
-if not torch.cuda.is_available():  # must precede the first import of the kernels
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import taco_triton as taco  # noqa: E402
-from taco_triton.calibrate import relative_l2  # noqa: E402
+import taco_triton as taco
+from taco_triton.calibrate import relative_l2
+from taco_triton.env import use_interpreter_on_cpu
 
 DEMO_CONFIGS = [
     taco.CompressionConfig(scales="taco_fp32x2"),
@@ -171,6 +168,7 @@ def main(argv=None) -> None:
     print("   ratio_vs_bf16: bytes of bf16 / bytes on the wire (scales included); errors vs the bf16 input.")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    use_interpreter_on_cpu(device)  # before the first Triton launch; importing taco_triton imported no Triton
     first = next(iter(tensors.values()))
     interpreter_check(first[:24].to(device) if device == "cpu" else first.to(device))
 

@@ -3,7 +3,9 @@
 | variable                   | effect                                                         |
 |----------------------------|----------------------------------------------------------------|
 | TRITON_INTERPRET=1         | Triton's CPU interpreter; lets backend="triton" run on CPU     |
-|                            | tensors. Must be set before taco_triton.kernels is imported.   |
+|                            | tensors. Must be set before Triton is first imported: taco_triton|
+|                            | does not import it (its first Triton launch does), so a script |
+|                            | may set it after `import taco_triton` (`use_interpreter_on_cpu`)|
 | TACO_TRITON_POISON_ALLOC=1 | fill library-allocated outputs with NaN / 0xFF (tests)         |
 | TACO_TRITON_CHECK_COLLECTIVES | when collectives exchange the 8-byte fingerprint that     |
 |                            | checks every rank called the same collective: `1` (default) on |
@@ -24,11 +26,24 @@ This module imports nothing heavy, so checking a switch never imports Triton.
 from __future__ import annotations
 
 import os
+import sys
 
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def use_interpreter_on_cpu(device_type: str) -> bool:
+    """For scripts that run the Triton kernels on `device_type` tensors: on anything but CUDA, set
+    TRITON_INTERPRET=1 unless Triton is already imported (the choice is made when Triton and the
+    kernels are imported, so setting it later would not take). Returns `interpreting()`.
+
+    Call it before the first Triton launch; `import taco_triton` does not import Triton.
+    """
+    if device_type != "cuda" and not interpreting() and "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return interpreting()
 
 
 def poison_alloc() -> bool:

@@ -393,10 +393,10 @@ class _Plan:
                 recv = slots.descriptors(sl.piece, sl.lays, [j * sl.slot for j in range(p)], [sl.slot] * p,
                                          [_tag_int(self.tag(1, k, j)) for j in range(p)], list(range(p)))
             width = max(len(send), len(recv))
-            pad = [[0] * slots.DESC.value]
+            pad = [[0] * slots.DESC]
             rows.append([send + pad * (width - len(send)), recv + pad * (width - len(recv))])
         width = max(len(r[0]) for r in rows)
-        pad = [[0] * slots.DESC.value]
+        pad = [[0] * slots.DESC]
         rows = [[st + pad * (width - len(st)) for st in r] for r in rows]
         self.desc = slots.table(rows, self.device)
 

@@ -21,7 +21,7 @@ from ._common import STOCHASTIC, codec_constexprs, hadamard_rows, load_tables, r
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, quantize_store, taco_prescale, tile_rows
-from .slots import (
+from ._slot_io import (
     A_OFF,
     B_OFF,
     DESC,

@@ -21,7 +21,7 @@ from ._common import E4M3, INT8, codec_constexprs, decode_target_codes, hadamard
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, load_scales, pin_rows, store_dense, tile_rows
-from .slots import (
+from ._slot_io import (
     A_OFF,
     B_OFF,
     DESC,

@@ -31,7 +31,7 @@ from ._common import (
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, quantize_store, store_dense, taco_prescale, tile_rows
-from .slots import read_tag, record_error, write_tag
+from ._slot_io import read_tag, record_error, write_tag
 
 
 @triton.jit(do_not_specialize=["seed", "k", "seq"])

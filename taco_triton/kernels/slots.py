@@ -10,31 +10,33 @@ The tag after a slot is the sender's fingerprint of the call and the slot's plac
 (`collectives._pg.tag`). The kernels that read a slot compare its tag with the expected one on
 the device: a mismatch makes that slot's outputs NaN and writes an error record into a small
 host-visible buffer (`ErrorRecord`), which the host reads later without blocking.
+
+This module is the host side and imports no Triton (the collectives import it with the package, and
+Triton must not be imported before a CPU user sets TRITON_INTERPRET); the device side, the same
+fields as constexprs and the tag helpers, is `_slot_io.py`.
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from ..layout import WireLayout
 from ._tables import SB_PER_TILE
 
 #: Fields of a descriptor row (int64): where the slot's piece is and how it is laid out.
-ELEM_OFF: tl.constexpr = tl.constexpr(0)   # first element of the piece in the dense tensor
-NUMEL: tl.constexpr = tl.constexpr(1)
-SLOT_OFF: tl.constexpr = tl.constexpr(2)   # byte offset of the slot in the wire buffer
-N_GROUPS: tl.constexpr = tl.constexpr(3)
-N_SB: tl.constexpr = tl.constexpr(4)
-N_TILES: tl.constexpr = tl.constexpr(5)
-A_OFF: tl.constexpr = tl.constexpr(6)      # scale regions, relative to the slot
-B_OFF: tl.constexpr = tl.constexpr(7)
-NBYTES: tl.constexpr = tl.constexpr(8)     # the tag follows the wire bytes
-SLOT_END: tl.constexpr = tl.constexpr(9)   # the slot's stride: padding up to here is zero
-TILE_BASE: tl.constexpr = tl.constexpr(10)  # tiles of the slots before this one
-TAG: tl.constexpr = tl.constexpr(11)
-SRC: tl.constexpr = tl.constexpr(12)       # the rank (or chunk) the slot belongs to, for errors
-DESC: tl.constexpr = tl.constexpr(16)
+ELEM_OFF = 0   # first element of the piece in the dense tensor
+NUMEL = 1
+SLOT_OFF = 2   # byte offset of the slot in the wire buffer
+N_GROUPS = 3
+N_SB = 4
+N_TILES = 5
+A_OFF = 6      # scale regions, relative to the slot
+B_OFF = 7
+NBYTES = 8     # the tag follows the wire bytes
+SLOT_END = 9   # the slot's stride: padding up to here is zero
+TILE_BASE = 10  # tiles of the slots before this one
+TAG = 11
+SRC = 12       # the rank (or chunk) the slot belongs to, for errors
+DESC = 16
 
 TAG_BYTES = 4
 ALIGN = 16
@@ -57,44 +59,6 @@ def salt(seed: int, *values: int) -> int:
     return h
 
 
-@triton.jit
-def salt_in_kernel(h, s):
-    """`salt(h, s)` on the device (h < 2^31, so the int64 product cannot overflow)."""
-    return (h.to(tl.int64) * 1000003 + s + 2654435769) % 2147483648
-
-
-@triton.jit
-def write_tag(slot_ptr, nbytes, end, tag):
-    """The 4 tag bytes (little endian) at slot_ptr + nbytes, then zeros up to `end`, so no
-    uninitialised byte goes on the wire."""
-    i = tl.arange(0, 32)
-    pos = nbytes + i
-    val = tl.where(i < 4, (tag >> (8 * i).to(tl.int64)) & 0xFF, 0)
-    tl.store(slot_ptr + pos, val.to(tl.uint8), mask=pos < end)
-    z = tl.arange(0, 1024)
-    for s in range(nbytes + 32, end, 1024):  # a short last chunk's slot in a longer one's stride
-        tl.store(slot_ptr + s + z, tl.zeros([1024], tl.uint8), mask=s + z < end)
-
-
-@triton.jit
-def read_tag(slot_ptr, nbytes):
-    """The 4-byte little-endian tag at slot_ptr + nbytes, as int64."""
-    i = tl.arange(0, 4)
-    b = tl.load(slot_ptr + nbytes + i).to(tl.int64)
-    return tl.sum(b << (8 * i).to(tl.int64), axis=0)
-
-
-@triton.jit
-def record_error(err_ptr, k, src, got, want, seq):
-    """Fill the error record (one program writes; every program that saw it writes the same)."""
-    tl.store(err_ptr + 1, k.to(tl.int64))
-    tl.store(err_ptr + 2, src.to(tl.int64))
-    tl.store(err_ptr + 3, got)
-    tl.store(err_ptr + 4, want)
-    tl.store(err_ptr + 5, seq.to(tl.int64))
-    tl.store(err_ptr, 1)
-
-
 def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list[list[int]]:
     """Descriptor rows (host ints) of slots: pieces [(first element, end)], their wire layouts,
     slot byte offsets and strides, tags (uint32 as int) and source ranks."""
@@ -103,7 +67,7 @@ def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list
         n_tiles = -(-lay.n_superblocks // SB_PER_TILE)
         row = [a, b - a, off, lay.n_groups, lay.n_superblocks, n_tiles, lay.scale_a_offset, lay.scale_b_offset,
                lay.nbytes, end, base, tag, src]
-        rows.append(row + [0] * (DESC.value - len(row)))
+        rows.append(row + [0] * (DESC - len(row)))
         base += n_tiles
     return rows
 

@@ -1,0 +1,62 @@
+"""The device side of slotted wire buffers (`slots.py`): the descriptor fields as constexprs, the
+tags and error records as `@triton.jit` helpers, and the stochastic seed's salt on the device."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import slots
+
+# Descriptor fields (`slots.py` numbers them): globals a kernel reads must be constexprs.
+ELEM_OFF: tl.constexpr = tl.constexpr(slots.ELEM_OFF)
+NUMEL: tl.constexpr = tl.constexpr(slots.NUMEL)
+SLOT_OFF: tl.constexpr = tl.constexpr(slots.SLOT_OFF)
+N_GROUPS: tl.constexpr = tl.constexpr(slots.N_GROUPS)
+N_SB: tl.constexpr = tl.constexpr(slots.N_SB)
+N_TILES: tl.constexpr = tl.constexpr(slots.N_TILES)
+A_OFF: tl.constexpr = tl.constexpr(slots.A_OFF)
+B_OFF: tl.constexpr = tl.constexpr(slots.B_OFF)
+NBYTES: tl.constexpr = tl.constexpr(slots.NBYTES)
+SLOT_END: tl.constexpr = tl.constexpr(slots.SLOT_END)
+TILE_BASE: tl.constexpr = tl.constexpr(slots.TILE_BASE)
+TAG: tl.constexpr = tl.constexpr(slots.TAG)
+SRC: tl.constexpr = tl.constexpr(slots.SRC)
+DESC: tl.constexpr = tl.constexpr(slots.DESC)
+
+
+@triton.jit
+def salt_in_kernel(h, s):
+    """`salt(h, s)` on the device (h < 2^31, so the int64 product cannot overflow)."""
+    return (h.to(tl.int64) * 1000003 + s + 2654435769) % 2147483648
+
+
+@triton.jit
+def write_tag(slot_ptr, nbytes, end, tag):
+    """The 4 tag bytes (little endian) at slot_ptr + nbytes, then zeros up to `end`, so no
+    uninitialised byte goes on the wire."""
+    i = tl.arange(0, 32)
+    pos = nbytes + i
+    val = tl.where(i < 4, (tag >> (8 * i).to(tl.int64)) & 0xFF, 0)
+    tl.store(slot_ptr + pos, val.to(tl.uint8), mask=pos < end)
+    z = tl.arange(0, 1024)
+    for s in range(nbytes + 32, end, 1024):  # a short last chunk's slot in a longer one's stride
+        tl.store(slot_ptr + s + z, tl.zeros([1024], tl.uint8), mask=s + z < end)
+
+
+@triton.jit
+def read_tag(slot_ptr, nbytes):
+    """The 4-byte little-endian tag at slot_ptr + nbytes, as int64."""
+    i = tl.arange(0, 4)
+    b = tl.load(slot_ptr + nbytes + i).to(tl.int64)
+    return tl.sum(b << (8 * i).to(tl.int64), axis=0)
+
+
+@triton.jit
+def record_error(err_ptr, k, src, got, want, seq):
+    """Fill the error record (one program writes; every program that saw it writes the same)."""
+    tl.store(err_ptr + 1, k.to(tl.int64))
+    tl.store(err_ptr + 2, src.to(tl.int64))
+    tl.store(err_ptr + 3, got)
+    tl.store(err_ptr + 4, want)
+    tl.store(err_ptr + 5, seq.to(tl.int64))
+    tl.store(err_ptr, 1)
