@@ -92,7 +92,7 @@ def _megatron_modules():
     pytest.importorskip("megatron.core", reason="megatron-core not installed (the `megatron` extra)")
     from taco_triton.integrations import megatron as tm
 
-    return tm, tm._import_megatron()
+    return tm, tm.common.import_megatron()
 
 
 class _FakeGroup:
@@ -118,8 +118,8 @@ def test_disable_makes_a_captured_replacement_fall_through_to_megatrons_original
             seen.append((name, args, kwargs))
         return original
 
-    points = {(mappings, n): spy(n) for n in tm._MAPPINGS_GLOBALS}
-    points.update({(p2pc, n): spy(n) for n in tm._P2P_GLOBALS})
+    points = {(mappings, n): spy(n) for n in tm.patching.MAPPINGS_GLOBALS}
+    points.update({(p2pc, n): spy(n) for n in tm.patching.P2P_GLOBALS})
     points.update({(mod, n): spy(f"{mod.__name__}.{n}") for mod in (layers, pgb)
                    for n in ("dist_all_gather_func", "dist_reduce_scatter_func")})
     points[(pgb, "_coalescing_manager")] = spy("_coalescing_manager")
@@ -139,7 +139,7 @@ def test_disable_makes_a_captured_replacement_fall_through_to_megatrons_original
         seen.clear()
         if name == "torch":
             fn.distributed.all_reduce(x, group=g)
-        elif name in tm._P2P_GLOBALS:
+        elif name in tm.patching.P2P_GLOBALS:
             fn(tensor_send_prev=None, tensor_recv_prev=None, tensor_send_next=x, tensor_recv_next=None, group=g,
                prev_pipeline_rank=1, next_pipeline_rank=1)
         elif name == "_coalescing_manager":

@@ -40,9 +40,10 @@ def parts():
 
 
 # ------------------------------------------------------------------------- without megatron
-def test_importing_the_integration_does_not_import_megatron():
-    code = ("import sys, taco_triton.integrations.megatron as m; "
-            "assert 'megatron.core' not in sys.modules; print('ok')")
+def test_importing_the_integration_does_not_import_megatron_or_triton():
+    code = ("import sys, taco_triton, taco_triton.integrations.megatron as m; "
+            "loaded = sorted(n for n in sys.modules if n.partition('.')[0] in ('megatron', 'triton')); "
+            "assert not loaded, loaded; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
