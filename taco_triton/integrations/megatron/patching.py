@@ -147,6 +147,12 @@ def _tp_replacements(h, mappings, layers) -> list[tuple[Any, str, Any]]:
     orig_gather_first = mappings._gather_along_first_dim
     orig_rs_first = mappings._reduce_scatter_along_first_dim
 
+    def _output(dim_size, input_, use_global_buffer):
+        """The output buffer megatron's helpers allocate (its global buffer when asked)."""
+        if use_global_buffer:
+            return mappings.get_global_memory_buffer().get_tensor(dim_size, input_.dtype, "mpu")
+        return torch.empty(dim_size, dtype=input_.dtype, device=input_.device)
+
     def _reduce(input_, group):
         """taco_triton replacement of megatron's mappings._reduce (all-reduce)."""
         assert group is not None, "group should not be None"
@@ -163,10 +169,7 @@ def _tp_replacements(h, mappings, layers) -> list[tuple[Any, str, Any]]:
             return orig_gather_first(input_, group, output_split_sizes, use_global_buffer)
         dim_size = list(input_.size())
         dim_size[0] *= world_size
-        if use_global_buffer:
-            output = mappings.get_global_memory_buffer().get_tensor(dim_size, input_.dtype, "mpu")
-        else:
-            output = torch.empty(dim_size, dtype=input_.dtype, device=input_.device)
+        output = _output(dim_size, input_, use_global_buffer)
         tp.all_gather(h, output, input_, group, False, tp.caller(1))
         return output
 
@@ -181,10 +184,7 @@ def _tp_replacements(h, mappings, layers) -> list[tuple[Any, str, Any]]:
             "First dimension of the tensor should be divisible by tensor parallel size"
         )
         dim_size[0] //= world_size
-        if use_global_buffer:
-            output = mappings.get_global_memory_buffer().get_tensor(dim_size, input_.dtype, "mpu")
-        else:
-            output = torch.empty(dim_size, dtype=input_.dtype, device=input_.device)
+        output = _output(dim_size, input_, use_global_buffer)
         tp.reduce_scatter(h, output, input_, group, False, tp.caller(1))
         return output
 
