@@ -157,12 +157,12 @@ def _originals():
     from megatron.core.pipeline_parallel import p2p_communication
     from megatron.core.tensor_parallel import layers, mappings
 
-    objs = {f"mappings.{n}": getattr(mappings, n) for n in tm._MAPPINGS_GLOBALS}
-    objs.update({f"layers.{n}": getattr(layers, n) for n in tm._LAYERS_GLOBALS})
-    objs.update({f"p2p_communication.{n}": getattr(p2p_communication, n) for n in tm._P2P_GLOBALS})
-    objs.update({f"param_and_grad_buffer.{n}": getattr(param_and_grad_buffer, n) for n in tm._DDP_GLOBALS})
+    objs = {f"mappings.{n}": getattr(mappings, n) for n in tm.patching.MAPPINGS_GLOBALS}
+    objs.update({f"layers.{n}": getattr(layers, n) for n in tm.patching.LAYERS_GLOBALS})
+    objs.update({f"p2p_communication.{n}": getattr(p2p_communication, n) for n in tm.patching.P2P_GLOBALS})
+    objs.update({f"param_and_grad_buffer.{n}": getattr(param_and_grad_buffer, n) for n in tm.patching.DDP_GLOBALS})
     for mod in (mappings, layers):
-        for cls_name in tm._ROLES:
+        for cls_name in tm.tp.ROLES:
             cls = getattr(mod, cls_name, None)
             if cls is not None:
                 objs[f"{cls_name}.forward"] = cls.__dict__["forward"]

@@ -13,6 +13,7 @@ import torch
 
 import taco_triton as taco
 from autotune import show
+from taco_triton.examples import train_dtensor, train_gpt
 
 from .helpers import load_script
 
@@ -86,3 +87,98 @@ def test_every_flag_has_help_text(cli, monkeypatch):
         mod.main([])
     missing = [a.option_strings for a in parsed.value.args[0]._actions if not a.help]
     assert not missing, f"{cli}: flags without help: {missing}"
+
+
+def _exit_code(main, argv):
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's error exit
+        return e.code
+
+
+def _one_clear_line(err: str) -> bool:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith("usage:")
+             and not ln.startswith("  ")]  # argparse's usage block precedes its error line
+    return len(lines) == 1 and "error" in lines[0] and "Traceback" not in err
+
+
+def _sweep_cases(tmp):
+    (tmp / "folder").mkdir(exist_ok=True)
+    cases = {
+        "device_bogus": ["--device", "bogus"],
+        "cache_is_a_folder": ["--cache", str(tmp / "folder")],
+        "cache_unwritable": ["--cache", "/proc/taco-autotune.json"],
+        "csv_unwritable": ["--csv", "/proc/taco-sweep.csv"],
+        "kernel_comma": ["--kernel", ","],
+        "shapes_comma": ["--shapes", ","],
+        "time_budget_negative": ["--time-budget", "-1"],
+        "shape_overflows": ["--shapes", "99999999999x99999999"],
+    }
+    if not torch.cuda.is_available():
+        cases["device_cuda_on_cpu_torch"] = ["--device", "cuda"]
+    return cases
+
+
+SWEEP_CASES = [
+    "device_bogus", "cache_is_a_folder", "cache_unwritable", "csv_unwritable", "kernel_comma", "shapes_comma",
+    "time_budget_negative", "shape_overflows", "device_cuda_on_cpu_torch"]
+
+
+@pytest.mark.parametrize("case", SWEEP_CASES)
+def test_sweep_user_error_is_one_line_and_exit_2(case, tmp_path, capsys):
+    """Before: tracebacks (bad --device, --cache, --csv after the timing) or exit 0 with nothing
+    done (--kernel ',', --shapes ',', --time-budget -1, a shape no tensor can hold)."""
+    from autotune import sweep
+
+    cases = _sweep_cases(tmp_path)
+    if case not in cases:
+        pytest.skip("torch sees a CUDA device")
+    argv = ["--shapes", "4096", "--max-configs", "1", "--repeats", "1", "--cache", str(tmp_path / "c.json")]
+    assert _exit_code(sweep.main, argv + cases[case]) == 2
+    assert _one_clear_line(capsys.readouterr().err)
+
+
+def test_sweep_where_every_config_fails_exits_1(tmp_path, capsys):
+    """Before: exit 0 although nothing was timed (every config failed to allocate)."""
+    from autotune import sweep
+
+    argv = ["--shapes", str(2**40), "--max-configs", "1", "--repeats", "1", "--cache", str(tmp_path / "c.json")]
+    assert _exit_code(sweep.main, argv) == 1
+    assert "every config failed" in capsys.readouterr().err
+
+
+KERNELS_CASES = {
+    "sizes_zero": ["--sizes", "0"],
+    "sizes_comma": ["--sizes", ","],
+    "hidden_zero": ["--hidden", "0"],
+    "impls_comma": ["--impls", ","],
+    "csv_unwritable": ["--csv", "/proc/taco-kernels.csv"],
+    "time_budget_negative": ["--time-budget", "-1"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(KERNELS_CASES))
+def test_bench_kernels_user_error_is_one_line_and_exit_2(case, capsys):
+    """Before: ZeroDivisionError (--sizes 0, --hidden 0), a traceback after the timing (an
+    unwritable --csv), exit 0 with an empty CSV (--impls ',')."""
+    from pathlib import Path
+
+    from .helpers import load_script
+
+    kernels = load_script(Path(__file__).resolve().parents[1] / "bench" / "kernels.py")
+    argv = ["--device", "cpu", "--impls", "copy", "--sizes", "64K"] + KERNELS_CASES[case]
+    assert _exit_code(kernels.main, argv) == 2
+    assert _one_clear_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("main, prog, says", [
+    (train_gpt.main, "python -m taco_triton.examples.train_gpt", "Train a small GPT"),
+    (train_dtensor.main, "python -m taco_triton.examples.train_dtensor", "DTensor"),
+    (lambda argv: load_script(ROOT / "bench/netns.py").main(argv), "python bench/netns.py", "throttled namespace"),
+], ids=["train_gpt", "train_dtensor", "bench-netns"])
+def test_help_describes_its_own_command_and_exits_zero(main, prog, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert out.startswith(f"usage: {prog} ") and says in out, out[:400]

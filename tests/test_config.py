@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -45,3 +46,16 @@ def test_compression_ratio_targets():
     fp32x2 = 2 * n / WireLayout.of(n, taco.CompressionConfig(scales="taco_fp32x2")).nbytes
     assert dual >= 1.95  # the design goal for the default layout at G=128: within 2% of 2x
     assert abs(fp32x2 - 2 / (1 + 8 / 128)) < 1e-9  # TACO's released layout: 1.88x
+
+
+@pytest.mark.parametrize("field,value", [
+    ("group_size", 128.0), ("group_size", torch.tensor(128)), ("group_size", np.int64(128)), ("group_size", True),
+    ("seed", True), ("seed", np.int64(3)), ("seed", 3.0), ("codec", b"int8"),
+], ids=lambda v: repr(v) if not isinstance(v, str) else v)
+def test_config_with_a_look_alike_type_is_a_value_error(field, value):
+    with pytest.raises(ValueError, match=field):
+        taco.CompressionConfig(**{field: value})
+    with pytest.raises(ValueError, match=field):
+        taco.CompressionConfig.from_dict({field: value})
+    with pytest.raises(ValueError, match=field):
+        taco.CompressionConfig().replace(**{field: value})

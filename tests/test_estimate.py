@@ -119,3 +119,35 @@ def test_bad_input_raises_naming_the_value(kwargs, names):
     args = dict(numel=1 << 20, link_gbps=100.0, ranks=8) | kwargs
     with pytest.raises(ValueError, match=names):
         taco.estimate(**args)
+
+
+def test_estimate_of_a_disabled_config_is_the_native_collective():
+    """Before: CompressionConfig(enabled=False), which the collectives run natively, was
+    estimated at a 1.98x speedup."""
+    for collective in ("all_reduce", "reduce_scatter", "all_gather"):
+        e = taco.estimate(1 << 24, config=taco.CompressionConfig(enabled=False), link_gbps=400.0, ranks=8,
+                          codec_gbytes_s=100.0, latency_us=2.0, collective=collective)
+        assert e.speedup == 1.0 and e.compressed_s == e.native_s and e.wire_ratio == 1.0, collective
+        assert e.codec_s == 0.0 and e.compressed_bytes_per_rank == e.native_bytes_per_rank
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(link_gbps=float("inf")), "link_gbps"),
+    (dict(latency_us=float("nan")), "latency_us"),
+    (dict(latency_us=float("inf")), "latency_us"),
+    (dict(codec_gbytes_s=float("inf")), "codec_gbytes_s"),
+    (dict(numel="4096"), "numel"),
+    (dict(ranks=2.0), "ranks"),
+], ids=["link_inf", "latency_nan", "latency_inf", "codec_inf", "numel_str", "ranks_float"])
+def test_estimate_refuses_non_finite_rates_naming_them(kwargs, name):
+    """Before: link_gbps=inf raised ZeroDivisionError, latency_us=nan made every time NaN and
+    latency_us=inf gave a NaN speedup."""
+    with pytest.raises(ValueError, match=name):
+        taco.estimate(**(dict(numel=1 << 20, link_gbps=100.0, ranks=8) | kwargs))
+
+
+def test_estimate_takes_numpy_integers():
+    """Before: a numpy integer numel (e.g. from np.prod of a shape) was rejected."""
+    np = pytest.importorskip("numpy")
+    e = taco.estimate(np.prod(np.array([4096, 4096])), link_gbps=100.0, ranks=np.int64(8))
+    assert e == taco.estimate(4096 * 4096, link_gbps=100.0, ranks=8)

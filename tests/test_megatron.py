@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+import taco_triton as taco
 from taco_triton.integrations import megatron as tm
 from taco_triton.parallel import CompressionPolicy
 
@@ -40,9 +41,10 @@ def parts():
 
 
 # ------------------------------------------------------------------------- without megatron
-def test_importing_the_integration_does_not_import_megatron():
-    code = ("import sys, taco_triton.integrations.megatron as m; "
-            "assert 'megatron.core' not in sys.modules; print('ok')")
+def test_importing_the_integration_does_not_import_megatron_or_triton():
+    code = ("import sys, taco_triton, taco_triton.integrations.megatron as m; "
+            "loaded = sorted(n for n in sys.modules if n.partition('.')[0] in ('megatron', 'triton')); "
+            "assert not loaded, loaded; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
@@ -203,3 +205,105 @@ def test_sequence_parallel_patch_points(parts):
         assert sp["on_forward_bitwise"]
         # two E4M3 quantizations on every path, each <= 2^-4 relative per element (measured ~3.8 %)
         assert all(0 < v < 2 * 2.0**-4 for v in sp["on_rel_change"].values()), sp["on_rel_change"]
+
+
+def _megatron_modules():
+    pytest.importorskip("megatron.core", reason="megatron-core not installed (the `megatron` extra)")
+    from taco_triton.integrations import megatron as tm
+
+    return tm, tm.common.import_megatron()
+
+
+class _FakeGroup:
+    """A two-rank group as megatron's helpers see it (no process group behind it)."""
+
+    def size(self):
+        return 2
+
+    def rank(self):
+        return 0
+
+
+def test_disable_makes_a_captured_replacement_fall_through_to_megatrons_original(monkeypatch):
+    """Before: a wrapper installed after enable() kept calling our replacement after disable(),
+    which kept compressing."""
+    import types
+
+    tm, (mappings, layers, p2pc, pgb) = _megatron_modules()
+    seen = []
+
+    def spy(name):
+        def original(*args, **kwargs):
+            seen.append((name, args, kwargs))
+        return original
+
+    points = {(mappings, n): spy(n) for n in tm.patching.MAPPINGS_GLOBALS}
+    points.update({(p2pc, n): spy(n) for n in tm.patching.P2P_GLOBALS})
+    points.update({(mod, n): spy(f"{mod.__name__}.{n}") for mod in (layers, pgb)
+                   for n in ("dist_all_gather_func", "dist_reduce_scatter_func")})
+    points[(pgb, "_coalescing_manager")] = spy("_coalescing_manager")
+    for mod in (layers, pgb):  # the module global `torch`: only its distributed.all_reduce is used
+        points[(mod, "torch")] = types.SimpleNamespace(
+            distributed=types.SimpleNamespace(all_reduce=spy(f"{mod.__name__}.all_reduce")))
+    for (mod, name), orig in points.items():
+        monkeypatch.setattr(mod, name, orig)  # "megatron's originals" as enable() finds them
+
+    h = tm.enable(CompressionPolicy(min_bytes=0))
+    ours = {key: getattr(*key) for key in points}
+    monkeypatch.setattr(mappings, "_reduce", lambda x, g: ours[(mappings, "_reduce")](x, g))  # someone's wrapper
+    h.disable()
+
+    x, g = torch.randn(64, 64), _FakeGroup()
+    for (mod, name), fn in ours.items():
+        seen.clear()
+        if name == "torch":
+            fn.distributed.all_reduce(x, group=g)
+        elif name in tm.patching.P2P_GLOBALS:
+            fn(tensor_send_prev=None, tensor_recv_prev=None, tensor_send_next=x, tensor_recv_next=None, group=g,
+               prev_pipeline_rank=1, next_pipeline_rank=1)
+        elif name == "_coalescing_manager":
+            fn(group=g)
+        elif mod is mappings:
+            fn(x, g)
+        else:
+            fn(torch.empty(128, 64), x, group=g)
+        assert len(seen) == 1, (mod.__name__, name, seen)
+        args, kwargs = seen[0][1:]
+        sent = g if name == "_coalescing_manager" else x
+        assert any(a is sent for a in [*args, *kwargs.values()]), (name, "megatron's original got other arguments")
+    assert h.stats == {}  # nothing was routed after disable
+
+
+def test_dp_gradient_policy_follows_the_policys_switches_overrides_and_comm_dtype():
+    """Before: forward=backward=False still compressed DP gradients (INT8, stochastic), and the
+    derived DP policy dropped overrides and comm_dtype."""
+    from taco_triton.integrations.megatron import gradient_policy
+
+    grads, params = "megatron.dp.bucket0.all_reduce", "megatron.dp.bucket0.all_gather"
+    int4 = taco.CompressionConfig(codec="int4", group_size=32)
+    assert gradient_policy(CompressionPolicy(forward=False, backward=False)).config_for(grads, "backward") is None
+    assert gradient_policy(CompressionPolicy(backward=False)).config_for(grads, "backward") is None
+    fwd_off = gradient_policy(CompressionPolicy(forward=False))
+    assert fwd_off.config_for(params, "forward") is None and fwd_off.config_for(grads, "backward") is not None
+    over = gradient_policy(CompressionPolicy(overrides={"megatron.dp.*": int4}, comm_dtype=torch.bfloat16))
+    assert over.config_for(grads, "backward") == int4 and over.comm_dtype == torch.bfloat16
+    assert over.config_for("megatron.pp.forward.stage0_to_stage1", "backward").codec == "int8"  # not overridden
+    tm, _ = _megatron_modules()
+    with tm.enable(CompressionPolicy(forward=False, backward=False)) as h:
+        assert h.policies["dp"].config_for(grads, "backward") is None
+
+
+def test_megatron_disable_keeps_a_patch_applied_after_enable():
+    tm = pytest.importorskip("taco_triton.integrations.megatron")
+    try:
+        h = tm.enable(CompressionPolicy())
+    except ImportError:
+        pytest.skip("megatron-core is not installed")
+    obj, attr, orig, ours = h._saved[0]
+    def third_party(*a, **k):
+        return None
+    setattr(obj, attr, third_party)
+    h.disable()
+    current = obj.__dict__.get(attr) if isinstance(obj, type) else getattr(obj, attr)
+    assert current is third_party
+    setattr(obj, attr, orig)  # leave megatron as we found it

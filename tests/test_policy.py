@@ -96,3 +96,13 @@ def test_policy_drives_the_layers_on_two_ranks(tmp_path):
     assert cal == reports[1]["calibration"]
     saved = json.loads(open(path).read())
     assert saved["version"] == 1 and set(saved["entries"]) == {"cal.reduce|forward", "cal.copy|backward"}
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"exempt": None}, {"exempt": [1]}, {"exempt": "layers.*"}, {"min_bytes": "1MB"}, {"min_bytes": -1},
+    {"samples_per_site": 0}, {"calibrate_steps": 1.5}, {"max_bytes_per_element": "1"},
+    {"overrides": {"a.*": "fp8"}},
+], ids=lambda k: repr(k))
+def test_policy_rejects_bad_arguments_at_construction(kwargs):
+    with pytest.raises((TypeError, ValueError), match=next(iter(kwargs))):
+        CompressionPolicy(**kwargs)

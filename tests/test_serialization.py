@@ -5,6 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import taco_triton as taco
+from taco_triton.compressed import Compressed
+from taco_triton.layout import WireLayout
 
 from .helpers import make_input
 
@@ -107,3 +109,50 @@ def test_sub_byte_code_compress_never_writes_is_rejected(codec, code):
     WireLayout.of(c.numel, cfg).split(data)[0].copy_(ref.pack_codes(codes, cfg.spec.bits))
     with pytest.raises(ValueError, match=f"invalid codes.*{codec}.*element {32 + 5}"):
         taco.Compressed(data, c.shape, c.dtype, cfg).validate()
+
+
+def _cut_at_odd_offset(c: Compressed) -> Compressed:
+    buf = torch.zeros(c.nbytes + 3, dtype=torch.uint8)
+    buf[3:] = c.data
+    return c._replace(data=buf[3:])
+
+
+def test_compressed_data_at_an_odd_offset_decompresses():
+    x = torch.randn(5000)
+    c = taco.compress(x, backend="torch")
+    odd = _cut_at_odd_offset(c)
+    assert odd.data.data_ptr() % 4
+    odd.validate()
+    assert torch.equal(taco.decompress(odd, backend="torch"), taco.decompress(c, backend="torch"))
+
+
+def test_compressed_strided_data_is_a_value_error_or_copied():
+    c = taco.compress(torch.randn(300), backend="torch")
+    strided = torch.zeros(2 * c.nbytes, dtype=torch.uint8)[::2]
+    strided.copy_(c.data)
+    assert torch.equal(taco.decompress(c._replace(data=strided), backend="torch"), taco.decompress(c, backend="torch"))
+    with pytest.raises(ValueError, match="1-D uint8"):
+        c._replace(data=c.data.view(2, -1) if c.nbytes % 2 == 0 else c.data[None]).validate()
+
+
+def test_header_with_a_shape_whose_strides_overflow_is_rejected():
+    c = Compressed(torch.empty(0, dtype=torch.uint8), torch.Size([0, 2**62, 4]), torch.float32, taco.CompressionConfig())
+    with pytest.raises(ValueError, match="exceeds 2\\*\\*63"):
+        Compressed.from_bytes(c.to_bytes())
+
+
+@pytest.mark.parametrize("codec,code", [("fp8_e4m3", 0x7F), ("fp8_e4m3", 0xFF), ("int8", 0x80),
+                                        ("fp8_e5m2", 0x7C), ("fp8_e5m2", 0xFF)])
+def test_validate_rejects_codes_compress_never_writes(codec, code):
+    cfg = taco.CompressionConfig(codec=codec)
+    x = torch.randn(4096)
+    x[::97] *= 1e4
+    x[5] = float("nan")
+    c = taco.compress(x, cfg, backend="torch")
+    c.validate()  # what compress writes (outliers, a NaN group) passes
+    codes, _, _ = WireLayout.of(c.numel, cfg).split(c.data)
+    codes.view(-1)[200] = code
+    with pytest.raises(ValueError, match="codes compress never writes"):
+        c.validate()
+    with pytest.raises(ValueError, match="codes compress never writes"):
+        Compressed.from_bytes(c.to_bytes())

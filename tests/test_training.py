@@ -9,6 +9,7 @@ run that silently fell back to native, or that broke training, fails.
 import pytest
 
 from taco_triton.examples import train_gpt
+from taco_triton.examples.modes import progress
 
 ARGS = ["--tp", "2", "--steps", "40", "--eval-every", "40", "--eval-batches", "4", "--batch", "8", "--seq", "64",
         "--hidden", "128", "--ffn", "512", "--heads", "4", "--layers", "2", "--quiet", "--data-bytes", str(2 << 20)]
@@ -36,3 +37,9 @@ def test_sequence_parallel_trains_the_same(runs):
     # tensors are rounded to bf16 for communication (SP also sends the layer-norm outputs), so
     # the loss must meet the strictest parity goal, 0.1%.
     assert abs(sp.loc["none", "final_val_loss"] / s.loc["none", "final_val_loss"] - 1) <= 1e-3
+
+
+def test_a_step_without_evaluation_logs_no_validation_loss():
+    row = {"step": 7, "train_loss": 2.25, "val_loss": float("nan")}
+    assert "val" not in progress("[fp8]", row) and "nan" not in progress("[fp8]", row)
+    assert "val 2.5000" in progress("[fp8]", {**row, "val_loss": 2.5})

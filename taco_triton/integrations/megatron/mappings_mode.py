@@ -1,0 +1,220 @@
+"""The mappings mode: `enable` replaces megatron-core's communication functions (the patch points
+in `patching`) by ones that route through taco_triton; `MegatronHandle` decides and counts every
+routed message and undoes the patching.
+
+`enable(policy, model=None)` makes every TP forward all-reduce, backward dgrad all-reduce and
+sequence-parallel all-gather / reduce-scatter call `taco_triton.all_reduce / all_gather /
+reduce_scatter` with `policy.config_for(site, direction)`; `None` from the policy, messages
+below `policy.min_bytes` and non-float dtypes run the native collective. Every routed tensor
+that could be compressed is first shown to `policy.observe(site, direction, tensor)` (the policy
+keeps samples only while calibrating); call `policy.step()` once per training step as usual.
+`handle.disable()` (or leaving the `with` block) puts back the very objects it replaced. Only one
+handle may be active at a time.
+
+A GPT step at TP=2 without SP routes 1 + 2L forward all-reduces (word embeddings, then
+linear_proj and linear_fc2 of each of the L layers) and 2L + 1 backward dgrad all-reduces
+(linear_qkv and linear_fc1 of each layer, output_layer). `handle.stats` counts every routed call.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...collectives import WireStats
+from ...config import INPUT_DTYPES, CompressionConfig
+from ...parallel import CompressionPolicy
+from . import patching
+from .common import ACTIVE, AXES, EXTRA, NATIVE, TESTED_VERSION, SiteStats, import_megatron, megatron_version
+from .dp import WorkList, gradient_policy
+
+
+class _CountedWork:
+    """A routed async collective's Work: `wait()` also counts the bytes sent while finishing it."""
+
+    def __init__(self, work, st: SiteStats):
+        self._work, self._st = work, st
+
+    def wait(self, timeout=None):
+        with WireStats() as ws:
+            out = self._work.wait()
+        self._st.wire_bytes += ws.wire_bytes
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+class MegatronHandle:
+    """An active routing of megatron-core's TP, PP and DP communication (see `enable`).
+
+    Attributes:
+        policy: the `CompressionPolicy` consulted for every TP call.
+        policies: {axis: the policy of that axis} ("tp", "pp", "dp").
+        stats: {(site, direction, collective): SiteStats} of every routed call since enable
+            (or `reset_stats`).
+        patched: "module.attribute" names replaced while active.
+    """
+
+    def __init__(self, policy, model=None, *, pp=None, dp=None, error_feedback: bool = False,
+                 compress_param_gather: bool = False):
+        self.policy = policy
+        self.policies = {"tp": policy, "pp": pp if pp is not None else policy, "dp": dp}
+        self.error_feedback = error_feedback
+        self.compress_param_gather = compress_param_gather
+        self.residuals: dict[tuple[int, int], torch.Tensor] = {}  # DP error feedback, per bucket buffer
+        self._batches: list[WorkList] = []
+        self.stats: dict[tuple[str, str, str], SiteStats] = {}
+        self.patched: list[str] = []
+        self._saved: list[tuple[Any, str, Any, Any]] = []
+        self._names: dict[int, tuple[weakref.ref, str]] = {}
+        if model is not None:
+            for name, mod in model.named_modules():
+                if name:
+                    self._names[id(mod)] = (weakref.ref(mod), name)
+        self._active = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def disable(self) -> None:
+        """Restore every replaced object (the same objects); a second call does nothing. An
+        attribute another patch replaced after `enable` keeps that patch, and our replacement it
+        may have captured falls through to megatron's original from now on."""
+        if not self._active:
+            return
+        patching.restore(self._saved)
+        self._active = False
+        if ACTIVE.mappings is self:
+            ACTIVE.mappings = None
+
+    def __enter__(self) -> "MegatronHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disable()
+
+    def reset_stats(self) -> None:
+        self.stats = {}
+
+    def by_axis(self) -> dict[str, SiteStats]:
+        """`stats` summed per axis ("tp", "pp", "dp"; every axis present, zeros where unused)."""
+        out = {a: SiteStats(axis=a) for a in AXES}
+        for st in self.stats.values():
+            o = out[st.axis]
+            o.calls += st.calls
+            o.compressed += st.compressed
+            o.bytes += st.bytes
+            o.wire_bytes += st.wire_bytes
+        return out
+
+    def __repr__(self) -> str:
+        calls = sum(s.calls for s in self.stats.values())
+        return f"MegatronHandle(active={self._active}, sites={len(self.stats)}, calls={calls})"
+
+    # ------------------------------------------------------------------ routing (every axis)
+    def _decide(self, axis, site, direction, kind, tensor, world, native=False) -> tuple[CompressionConfig | None, SiteStats]:
+        """The policy's config for one message (None: native), after counting and observing it."""
+        policy = self.policies[axis]
+        nbytes = tensor.numel() * tensor.element_size()
+        eligible = tensor.dtype in INPUT_DTYPES and nbytes >= policy.min_bytes
+        if eligible and kind != "recv":  # a receive buffer holds nothing yet
+            policy.observe(site, direction, tensor)
+        cfg = policy.config_for(site, direction)
+        st = self.stats.get((site, direction, kind))
+        if st is None:
+            st = self.stats[(site, direction, kind)] = SiteStats(axis=axis)
+        st.calls += 1
+        st.bytes += nbytes
+        compress = eligible and cfg is not None and world > 1 and not native
+        st.compressed += compress
+        return (cfg if compress else None), st
+
+    def _route(self, axis, site, direction, kind, tensor, group, issue, native=False):
+        """Decide, then `issue(config, min_bytes)` one collective, counting the bytes it sends."""
+        cfg, st = self._decide(axis, site, direction, kind, tensor, dist.get_world_size(group), native)
+        with WireStats() as ws:
+            work = issue(cfg if cfg is not None else NATIVE, self.policies[axis].min_bytes)
+        st.wire_bytes += ws.wire_bytes
+        return None if work is None else _CountedWork(work, st)
+
+
+def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback: bool = False,
+           compress_param_gather: bool = False) -> MegatronHandle:
+    """Route megatron-core's TP, PP and DP communication through taco_triton.
+
+    Args:
+        policy: a `taco_triton.parallel.CompressionPolicy` (anything with `config_for(site,
+            direction)`, `observe(site, direction, tensor)` and `min_bytes`) for TP collectives
+            and pipeline send/recv; DP gradients get `gradient_policy(policy)` (INT8, Hadamard,
+            stochastic rounding; the policy's `forward`, `backward`, `exempt`, `overrides` and
+            `min_bytes` apply) unless `dp` is given. On every axis "forward" is what flows
+            forward (TP activations, PP activations, the DP parameter all-gather) and
+            "backward" the gradients (TP dgrads, PP activation gradients, DP gradient
+            reductions): `backward=False` compresses forward communication only. The policy's
+            `comm_dtype` is not applied on any axis: megatron communicates in its own dtypes
+            (its ``bf16``/``fp16`` and ``grad_reduce_in_fp32`` settings).
+        model: optional; when given, TP site names carry the qualified name of the issuing module
+            (see the site names in `taco_triton.integrations.megatron.tp`).
+        tp: the TP axis's policy, replacing what `policy` would give it. An axis that gets no
+            policy at all is routed natively (counted, never compressed).
+        pp: the PP axis's policy, likewise.
+        dp: the DP axis's policy, likewise (instead of `gradient_policy(policy)`).
+        error_feedback: DP only: carry each gradient bucket's quantization residual to the next
+            step (the derived DP policy then rounds to nearest; a DP config with stochastic
+            rounding raises ValueError at the first compressed reduction).
+        compress_param_gather: also compress the distributed optimizer's parameter all-gather
+            with the DP policy's "forward" config (default: exact; compressed, every rank's model
+            weights carry that codec's error in every forward, while the optimizer's FP32 shard
+            stays exact).
+
+    Returns:
+        A `MegatronHandle`; `handle.disable()` or `with enable(...):` undoes it.
+
+    Raises:
+        TypeError: a policy argument is not a policy, or none is given.
+        RuntimeError: already enabled (call the active handle's `disable()` first), the group
+            mode (`enable_groups`) is active, or this megatron-core lacks a patch point.
+        ImportError: megatron-core is not installed (names the extra to install).
+    """
+    if policy is None and tp is None and pp is None and dp is None:
+        raise TypeError("enable needs a policy: enable(policy) or per-axis enable(tp=..., pp=..., dp=...)")
+    for name, pol in (("policy", policy), ("tp", tp), ("pp", pp), ("dp", dp)):
+        for attr in ("config_for", "observe", "min_bytes"):
+            if pol is not None and not hasattr(pol, attr):
+                raise TypeError(
+                    f"{name} must be a CompressionPolicy (missing {attr!r}), got {type(pol).__name__}"
+                )
+    if ACTIVE.mappings is not None:
+        raise RuntimeError(
+            f"taco_triton.integrations.megatron is already enabled ({ACTIVE.mappings!r}); call its disable() first"
+        )
+    if ACTIVE.groups is not None:
+        raise RuntimeError("the group mode (enable_groups) is active: use one mode at a time; call its disable() first")
+    modules = import_megatron()
+    missing = patching.missing(modules)
+    if missing:
+        raise RuntimeError(
+            f"megatron-core {megatron_version()} lacks {missing}; taco_triton's integration was written "
+            f"against megatron-core {TESTED_VERSION} ({EXTRA})"
+        )
+    native = CompressionPolicy(default=None)
+    tp = tp if tp is not None else policy if policy is not None else native
+    pp = pp if pp is not None else policy if policy is not None else native
+    if dp is None:
+        dp = gradient_policy(policy, error_feedback=error_feedback) if policy is not None else native
+    handle = MegatronHandle(tp, model, pp=pp, dp=dp, error_feedback=error_feedback,
+                            compress_param_gather=compress_param_gather)
+    handle._active = True
+    patching.install(handle, modules)
+    ACTIVE.mappings = handle
+    return handle
+
+
+def active_handle() -> MegatronHandle | None:
+    """The handle currently enabled, or None."""
+    return ACTIVE.mappings
