@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import taco_triton as taco
 from taco_triton.collectives import _pg
-from taco_triton.integrations.process_group import compressed_group
+from taco_triton.integrations.process_group import CompressingProcessGroup, compressed_group
 from taco_triton.integrations.sites import track_sites
 from taco_triton.parallel import CompressionPolicy
 
@@ -263,7 +263,7 @@ def plain_calls(rank: int, world: int) -> dict:
 
     # the registered backend name: dist.new_group(backend="taco") makes a compressing group over a
     # new inner group of the default backend (made at its first call), with the default policy
-    from taco_triton.integrations.process_group import BACKEND, CompressingProcessGroup
+    from taco_triton.integrations.process_group import BACKEND
 
     named = dist.new_group(list(range(world)), backend=BACKEND)
     z = torch.arange(5) + rank
@@ -623,3 +623,134 @@ def _gather_all_list(ts: list[torch.Tensor], world: int) -> list[torch.Tensor]:
 def model_users(rank: int, world: int) -> dict:
     """One spawn for the model-level users of a group: the TE-shaped layers, DTensor and DDP."""
     return {"te": te_shaped(rank, world), **dtensor_and_ddp(rank, world), "fsdp2": fsdp2(rank, world)}
+
+
+# ------------------------------------------------------------------------------- forwarded Works
+# Policies under which a tensor the policy could compress (float, SUM, from min_bytes up) is forwarded.
+FORWARDING_POLICIES = {
+    "exempt": dict(exempt=["all_reduce", "reduce_scatter", "all_gather", "p2p"]),
+    "default=None": dict(default=None),
+    "forward=False": dict(forward=False),
+}
+
+
+def _forwarded_calls(rank: int, world: int) -> dict:
+    """Every kind of call a compressing group forwards, each as fn(group, async_op) -> (Work or None,
+    the tensors it writes). Float tensors from MIN_BYTES up: what the policy could compress."""
+    shard = rank_input(rank, (8, 700), torch.bfloat16, 40)  # 11200 bytes
+    full = rank_input(rank, (world * 8, 700), torch.bfloat16, 41)
+    peer, src = (rank + 1) % world, (rank - 1) % world
+
+    def out(t):  # outputs start as a sentinel, so a copy made before the data arrived shows
+        return torch.full_like(t, -7.0)
+
+    def all_gather(g, a):
+        parts = [out(shard) for _ in range(world)]
+        return dist.all_gather(parts, shard, group=g, async_op=a), parts
+
+    def all_gather_tensor(g, a):
+        o = out(full)
+        return ALL_GATHER(o, shard, group=g, async_op=a), [o]
+
+    def all_gather_coalesced(g, a):
+        parts = [[out(shard) for _ in range(world)] for _ in range(2)]
+        w = dist.all_gather_coalesced(parts, [shard, shard.flip(0)], group=g, async_op=a)
+        return w, parts[0] + parts[1]
+
+    def all_reduce(g, a):
+        o = full.clone()
+        return dist.all_reduce(o, group=g, async_op=a), [o]
+
+    def reduce_scatter(g, a):
+        o = out(shard)
+        return dist.reduce_scatter(o, list(full.chunk(world)), group=g, async_op=a), [o]
+
+    def reduce_scatter_tensor(g, a):
+        o = out(shard)
+        return REDUCE_SCATTER(o, full, group=g, async_op=a), [o]
+
+    def coalesced_block(g, a):
+        from torch.distributed.distributed_c10d import _coalescing_manager
+
+        ar, ag, rs = full.clone(), out(full), out(shard)
+        if not isinstance(g, CompressingProcessGroup):  # the reference: gloo has no coalescing blocks
+            dist.all_reduce(ar, group=g), ALL_GATHER(ag, shard, group=g), REDUCE_SCATTER(rs, full, group=g)
+            return None, [ar, ag, rs]
+        with _coalescing_manager(group=g, device=torch.device("cpu"), async_ops=a) as cm:
+            dist.all_reduce(ar, group=g)
+        with _coalescing_manager(group=g, device=torch.device("cpu"), async_ops=a) as cm2:
+            ALL_GATHER(ag, shard, group=g)
+        with _coalescing_manager(group=g, device=torch.device("cpu"), async_ops=a) as cm3:
+            REDUCE_SCATTER(rs, full, group=g)
+        return (_Waits([cm, cm2, cm3]) if a else None), [ar, ag, rs]
+
+    def broadcast(g, a):
+        o = full.clone()
+        return dist.broadcast(o, src=0, group=g, async_op=a), [o]
+
+    def reduce(g, a):
+        o = full.clone()
+        return dist.reduce(o, dst=0, group=g, async_op=a), [o] if rank == 0 else []
+
+    def gather(g, a):
+        parts = [out(shard) for _ in range(world)] if rank == 0 else None
+        return dist.gather(shard, parts, dst=0, group=g, async_op=a), parts or []
+
+    def scatter(g, a):
+        o = out(shard)
+        return dist.scatter(o, list(full.chunk(world)) if rank == 0 else None, src=0, group=g, async_op=a), [o]
+
+    def all_to_all_single(g, a):
+        o = out(full)
+        return dist.all_to_all_single(o, full, group=g, async_op=a), [o]
+
+    def send_recv(g, a):
+        o = out(shard)
+        ops = [dist.P2POp(dist.isend, shard, peer, g), dist.P2POp(dist.irecv, o, src, g)]
+        works = dist.batch_isend_irecv(ops)
+        if not a:
+            for w in works:
+                w.wait()
+        return (_Waits(works) if a else None), [o]
+
+    return {f.__name__: f for f in (all_gather, all_gather_tensor, all_gather_coalesced, all_reduce, reduce_scatter,
+                                    reduce_scatter_tensor, coalesced_block, broadcast, reduce, gather, scatter,
+                                    all_to_all_single, send_recv)}
+
+
+class _Waits:
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        return True
+
+
+def forwarded_works(rank: int, world: int, late_s: float = 0.1) -> dict:
+    """Each forwarded call, sync and async, with the other ranks entering it `late_s` late (so this
+    rank's inner Work cannot be complete when the call returns): once waited, its outputs are bit
+    for bit what the same call on the inner group gives, under each forwarding policy."""
+    import time
+
+    wrong = []
+    for name, kw in FORWARDING_POLICIES.items():
+        g = compressed_group(None, CompressionPolicy(min_bytes=MIN_BYTES, **kw))
+        for call, fn in _forwarded_calls(rank, world).items():
+            _, want = fn(g.inner, False)
+            for async_op in (False, True):
+                if rank != 0:
+                    time.sleep(late_s)
+                try:
+                    work, got = fn(g, async_op)
+                    if async_op:
+                        work.wait()
+                except RuntimeError as e:
+                    wrong.append(f"{name}: {call} async_op={async_op} raised {str(e)[:160]}")
+                    continue
+                if len(got) != len(want) or not all(_same_bits(a, b) for a, b in zip(got, want)):
+                    wrong.append(f"{name}: {call} async_op={async_op}")
+        compressed = {k: v.compressed for k, v in g.stats.items() if v.compressed}
+        assert not compressed, (name, compressed)  # every call was forwarded
+    return {"wrong": wrong}

@@ -220,3 +220,12 @@ def test_a_failed_compressed_receive_keeps_raising():
         with pytest.raises(RuntimeError, match="peer closed"):
             w.wait()
     assert not w.is_completed() and isinstance(w.exception(), RuntimeError)
+
+
+def test_forwarded_calls_wait_for_the_inner_group_before_touching_outputs():
+    """Issue 28 item 1: a tensor the policy could compress but does not (an exempt site,
+    default=None, forward=False) is forwarded; every kind of forwarded call, sync and async, with
+    the peer entering late, gives bit for bit the inner group's outputs once waited (the list
+    all_gather used to copy its flat buffer out before the inner all_gather had finished)."""
+    for r in run_ranks(cases.forwarded_works, 2):
+        assert r["wrong"] == [], r["wrong"]

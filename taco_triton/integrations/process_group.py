@@ -306,11 +306,16 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = dist.ReduceScatterOptions() if opts is None else opts
-        if len(outputs) == 1 and len(input_lists[0]) == self.size() and all(
+        op = _op_of(opts)
+        if len(outputs) == 1 and len(input_lists) == 1 and len(input_lists[0]) == self.size() and all(
                 t.shape == outputs[0].shape and t.dtype == outputs[0].dtype for t in input_lists[0]) and \
-                self._decide_peek(outputs[0], _nbytes(outputs[0]) * self.size(), _op_of(opts)):
+                self._decide_peek(outputs[0], _nbytes(outputs[0]) * self.size(), op):
+            (out,), inner = outputs, self._inner_for(outputs[0])
             flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
-            return self.reduce_scatter_single(outputs[0], flat, opts)
+            cfg = self._decide("reduce_scatter", flat, _nbytes(flat), op)
+            if cfg is not None:
+                coll.reduce_scatter(out, flat, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
+                return self._track(_done(list(outputs), out.device))
         n = sum(_nbytes(t) for ts in input_lists for t in ts)
         return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, "reduce_scatter",
                              outputs, input_lists, opts)
@@ -339,15 +344,19 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = dist.AllgatherOptions() if opts is None else opts
-        if len(inputs) == 1 and len(output_lists[0]) == self.size() and all(
-                t.shape == inputs[0].shape and t.dtype == inputs[0].dtype for t in output_lists[0]):
+        if len(inputs) == 1 and len(output_lists) == 1 and len(output_lists[0]) == self.size() and all(
+                t.shape == inputs[0].shape and t.dtype == inputs[0].dtype for t in output_lists[0]) and \
+                self._decide_peek(inputs[0], _nbytes(inputs[0]) * self.size(), "sum"):
             (inp,), outs = inputs, output_lists[0]
-            flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
-            if self._decide_peek(inp, _nbytes(flat), "sum"):
-                self.all_gather_single(flat, inp.reshape(-1), opts)
-                for r, o in enumerate(outs):
-                    o.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view(o.shape))
-                return _done(output_lists, inp.device)
+            inner = self._inner_for(inp)
+            cfg = self._decide("all_gather", inp, _nbytes(inp) * self.size(), "sum")
+            if cfg is not None:  # compressed: complete on return, so the copies below read final data
+                flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
+                coll.all_gather(flat, inp.reshape(-1), inner, cfg, min_bytes=self.policy.min_bytes)
+                for o, part in zip(outs, flat.view(self.size(), -1)):
+                    o.copy_(part.view(o.shape))
+                return self._track(_done(output_lists, inp.device))
+        # forwarded in its own form: inner's Work writes the caller's outputs itself
         n = sum(_nbytes(t) for t in inputs)
         return self._forward("all_gather", n, (self.size() - 1) * n, "allgather", output_lists, inputs, opts)
 
