@@ -555,7 +555,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return _all_of(works, None, torch.device(device) if device is not None else torch.device("cpu"))
 
 
-def _default_options(options: GroupOptions | None, is_default: bool) -> tuple[object, object]:
+def _inner_and_policy(options: GroupOptions | None, is_default: bool) -> tuple[object, object]:
     """(inner, policy) of a new group: `options`, else what a compressing default group uses,
     else the default group's backend (or, for the default group itself, the device's)."""
     options = GroupOptions() if options is None else options
@@ -601,7 +601,7 @@ def _create(dist_opts, backend_opts):
                         f"got {type(backend_opts).__name__}")
     is_default = not dist_opts.global_ranks_in_group  # torch passes [] for the default group
     ranks = list(range(dist_opts.group_size)) if is_default else list(dist_opts.global_ranks_in_group)
-    inner, policy = _default_options(backend_opts, is_default)
+    inner, policy = _inner_and_policy(backend_opts, is_default)
     inner_backend = None
     if isinstance(inner, str):
         inner_backend, inner = inner, _make_inner(inner, dist_opts, ranks, is_default)
@@ -626,8 +626,9 @@ def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
         inner: the process group that carries the bytes (None: the default group, or the inner
             group of a compressing default group). Its backend must serve the tensors' device
             (gloo: CPU, nccl: CUDA). Destroying the compressing group leaves it alone.
-        policy: a `taco_triton.parallel.CompressionPolicy` (None: the default, FP8 E4M3 for every
-            site, messages from `policy.min_bytes` = 1 MiB up). Sites are named by
+        policy: a `taco_triton.parallel.CompressionPolicy` (None: a compressing default group's
+            policy, else the default: FP8 E4M3 for every site, messages from `policy.min_bytes` =
+            1 MiB up). Sites are named by
             `taco_triton.integrations.sites.track_sites`. Tensors travel in their own dtype
             (`comm_dtype` is not used).
 
@@ -648,10 +649,6 @@ def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
             inner = inner.inner
     if not isinstance(inner, dist.ProcessGroup):
         raise TypeError(f"inner must be a torch.distributed ProcessGroup or None, got {type(inner).__name__}")
-    if policy is None:
-        from ..parallel.policy import CompressionPolicy
-
-        policy = CompressionPolicy()
     options = GroupOptions(inner=inner, policy=policy)
     ranks = dist.get_process_group_ranks(inner)
     if dist.get_rank() not in ranks:
