@@ -54,18 +54,17 @@ SUBSET = [
 ]
 
 
-def run_placements(only: list[str] | None, timeout_s: float) -> dict[str, dict[str, dict]]:
+def run_placements(only: list[str] | None, timeout_s: float, out_dir: Path) -> dict[str, dict[str, dict]]:
     """{placement: {test: outcome}}, the three placements run side by side (each mostly waits on
     its ranks: a test's processes poll every 0.1 s)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    out_dir = Path(os.environ.get("TMPDIR", "/tmp"))
     procs = {}
     for placement in PLACEMENTS:
-        out = out_dir / f"taco-torch-base-{os.getpid()}-{placement}.json"
+        out = out_dir / f"{placement}.json"
         cmd = [sys.executable, "-m", "tests.torch_base_cases", placement, "--out", str(out)]
         if only is not None:
             cmd += ["--only", ",".join(only)]
-        log = open(out_dir / f"taco-torch-base-{os.getpid()}-{placement}.log", "w+")
+        log = open(out_dir / f"{placement}.log", "w+")
         procs[placement] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), out, log)
     deadline = time.monotonic() + timeout_s
     results = {}
@@ -80,8 +79,6 @@ def run_placements(only: list[str] | None, timeout_s: float) -> dict[str, dict[s
         log.close()
         assert proc.returncode == 0 and out.exists(), f"{placement}: exit code {proc.returncode}\n{text[-5000:]}"
         results[placement] = json.loads(out.read_text())
-        out.unlink()
-        os.unlink(log.name)
     return results
 
 
@@ -92,11 +89,11 @@ def counts(outcomes: dict[str, dict]) -> dict[str, int]:
     return found
 
 
-def test_the_compressing_group_passes_what_gloo_passes():
+def test_the_compressing_group_passes_what_gloo_passes(tmp_path):
     """Each placement: every test that passes with gloo passes, except the named ones, which fail
     for their named reason."""
     start = time.monotonic()
-    results = run_placements(None if ALL else SUBSET, timeout_s=1500 if ALL else 600)
+    results = run_placements(None if ALL else SUBSET, 1500 if ALL else 600, tmp_path)
     gloo = results["gloo"]
     passing = sorted(t for t, o in gloo.items() if o["outcome"] == "passed")
     summary = {p: counts(r) for p, r in results.items()}
