@@ -19,7 +19,7 @@ TORCH_VERSION   ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 WHEEL_VENV      ?= /tmp/taco-triton-wheel-check
 
-.PHONY: demo test test-thorough soak bench notebooks docs docs-serve lint wheel wheel-check clean
+.PHONY: demo test test-thorough test-torch-base soak bench notebooks docs docs-serve lint wheel wheel-check clean
 
 # $(call install_cpu_torch,PYTHON): an unreachable CPU index fails within seconds (no retries), and pip
 # then uses whatever CPU wheel it finds locally; with neither, stop rather than fetch a CUDA build.
@@ -68,7 +68,12 @@ test: $(STAMP)
 	$(PY) -m pytest -q --timeout=900 $(XDIST)
 
 test-thorough: $(STAMP)
-	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q --timeout=1800 $(XDIST)
+	HYPOTHESIS_PROFILE=thorough TACO_TEST_TORCH_BASE=all $(PY) -m pytest -q --timeout=1800 $(XDIST)
+
+# PyTorch's own distributed test base, all of it, over the compressing process group as the
+# default group and as subgroups, next to gloo (make test runs a subset of it)
+test-torch-base: $(STAMP)
+	TACO_TEST_TORCH_BASE=all $(PY) -m pytest -q --timeout=1800 tests/test_torch_base.py
 
 # the randomized collectives soak, long: 2000 collectives on 3 gloo ranks (CI runs 100)
 soak: $(STAMP)

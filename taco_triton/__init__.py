@@ -17,6 +17,8 @@ from .collectives.compressed import check_errors
 from .compressed import Compressed
 from .config import CODEC_SPECS, CodecSpec, CompressionConfig
 from .estimate import Estimate, estimate
+# registers the torch.distributed backend "taco" (dist.init_process_group("taco"), dist.new_group(backend="taco"))
+from .integrations.process_group import GroupOptions, compressed_group
 
 # The autotune runtime registers its lookup of tuned launch parameters with the kernels (they
 # never import the tuner, which imports them to time them).
@@ -29,6 +31,7 @@ __all__ = [
     "Compressed",
     "CompressionConfig",
     "Estimate",
+    "GroupOptions",
     "WireStats",
     "all_gather",
     "all_reduce",
@@ -40,15 +43,6 @@ __all__ = [
     "estimate",
     "reduce_scatter",
 ]
-
-
-def __getattr__(name: str):
-    # imported on first use: the process group registers a torch.distributed backend ("taco")
-    if name == "compressed_group":
-        from .integrations.process_group import compressed_group
-
-        return compressed_group
-    raise AttributeError(f"module 'taco_triton' has no attribute {name!r}")
 
 
 __version__ = "0.1.0"  # the package version (pyproject.toml reads it from here)

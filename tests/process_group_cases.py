@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import taco_triton as taco
 from taco_triton.collectives import _pg
-from taco_triton.integrations.process_group import compressed_group
+from taco_triton.integrations.process_group import CompressingProcessGroup, GroupStats, compressed_group
 from taco_triton.integrations.sites import track_sites
 from taco_triton.parallel import CompressionPolicy
 
@@ -262,8 +262,8 @@ def plain_calls(rank: int, world: int) -> dict:
     report["errors"] = errors
 
     # the registered backend name: dist.new_group(backend="taco") makes a compressing group over a
-    # new inner group of the default backend (made at its first call), with the default policy
-    from taco_triton.integrations.process_group import BACKEND, CompressingProcessGroup
+    # new inner group of the default backend, with the default policy
+    from taco_triton.integrations.process_group import BACKEND
 
     named = dist.new_group(list(range(world)), backend=BACKEND)
     z = torch.arange(5) + rank
@@ -538,7 +538,15 @@ def dtensor_and_ddp(rank: int, world: int) -> dict:
 
     # DDP: gradient buckets through a compressing data-parallel group
     policy = RecordingPolicy(min_bytes=MIN_BYTES)
-    dp = compressed_group(None, policy)
+    report["ddp"] = ddp_step(rank, world, policy, compressed_group(None, policy))
+    return report
+
+
+def ddp_step(rank: int, world: int, policy: RecordingPolicy, dp, exact_group=None) -> dict:
+    """One DDP step through `dp` (None: the default group), a compressing group with `policy`:
+    every gradient bucket compressed, the gradients within the summed bucket bounds of the exact
+    mean of the ranks' local gradients (gathered over `exact_group`, uncompressed), replicas
+    bitwise equal."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
     local = [p.detach().clone() for p in model.parameters()]
@@ -553,17 +561,18 @@ def dtensor_and_ddp(rank: int, world: int) -> dict:
         for p, v in zip(ref.parameters(), local):
             p.copy_(v)
     ref(batch).square().mean().backward()
-    exact = [sum(t.double() for t in _gather_all(p.grad, world)) / world for p in ref.parameters()]
+    exact = [sum(t.double() for t in _gather_all(p.grad, world, exact_group)) / world for p in ref.parameters()]
     buckets = policy.records
     assert len(buckets) >= 1 and all(d == "backward" for _, d, _ in buckets), [r[:2] for r in buckets]
-    bound = sum(two_quantization_bound(_gather_all(t, world), CFG, torch.float32, "sum") for _, _, t in buckets)
+    bound = sum(two_quantization_bound(_gather_all(t, world, exact_group), CFG, torch.float32, "sum")
+                for _, _, t in buckets)
     err = sum(float((a.double() - b).norm()) ** 2 for a, b in zip(got, exact)) ** 0.5
     assert 0 < err <= bound, (err, bound)
     assert all(torch.equal(a, b) for a, b in zip(got, _gather_all_list(got, world)))  # replicas agree bitwise
-    report["ddp"] = {"buckets": len(buckets), "bound_use": err / bound, "sites": sorted({r[0] for r in buckets}), "numels": [r[2].numel() for r in buckets],
-                     "compressed_wire": sum(c.wire_bytes for c in ws.calls if c.compressed),
-                     "grad_bytes": sum(p.numel() * 4 for p in model.parameters())}
-    return report
+    return {"buckets": len(buckets), "bound_use": err / bound, "sites": sorted({r[0] for r in buckets}),
+            "numels": [r[2].numel() for r in buckets],
+            "compressed_wire": sum(c.wire_bytes for c in ws.calls if c.compressed),
+            "grad_bytes": sum(p.numel() * 4 for p in model.parameters())}
 
 
 def fsdp2(rank: int, world: int) -> dict:
@@ -623,3 +632,232 @@ def _gather_all_list(ts: list[torch.Tensor], world: int) -> list[torch.Tensor]:
 def model_users(rank: int, world: int) -> dict:
     """One spawn for the model-level users of a group: the TE-shaped layers, DTensor and DDP."""
     return {"te": te_shaped(rank, world), **dtensor_and_ddp(rank, world), "fsdp2": fsdp2(rank, world)}
+
+
+# ------------------------------------------------------------------------------- forwarded Works
+# Policies under which a tensor the policy could compress (float, SUM, from min_bytes up) is forwarded.
+FORWARDING_POLICIES = {
+    "exempt": dict(exempt=["all_reduce", "reduce_scatter", "all_gather", "p2p"]),
+    "default=None": dict(default=None),
+    "forward=False": dict(forward=False),
+}
+
+
+def _forwarded_calls(rank: int, world: int) -> dict:
+    """Every kind of call a compressing group forwards, each as fn(group, async_op) -> (Work or None,
+    the tensors it writes). Float tensors from MIN_BYTES up: what the policy could compress."""
+    shard = rank_input(rank, (8, 700), torch.bfloat16, 40)  # 11200 bytes
+    full = rank_input(rank, (world * 8, 700), torch.bfloat16, 41)
+    peer, src = (rank + 1) % world, (rank - 1) % world
+
+    def out(t):  # outputs start as a sentinel, so a copy made before the data arrived shows
+        return torch.full_like(t, -7.0)
+
+    def all_gather(g, a):
+        parts = [out(shard) for _ in range(world)]
+        return dist.all_gather(parts, shard, group=g, async_op=a), parts
+
+    def all_gather_tensor(g, a):
+        o = out(full)
+        return ALL_GATHER(o, shard, group=g, async_op=a), [o]
+
+    def all_gather_coalesced(g, a):
+        parts = [[out(shard) for _ in range(world)] for _ in range(2)]
+        w = dist.all_gather_coalesced(parts, [shard, shard.flip(0)], group=g, async_op=a)
+        return w, parts[0] + parts[1]
+
+    def all_reduce(g, a):
+        o = full.clone()
+        return dist.all_reduce(o, group=g, async_op=a), [o]
+
+    def all_reduce_coalesced(g, a):
+        outs = [full.clone(), full.flip(0)]
+        return dist.all_reduce_coalesced(outs, group=g, async_op=a), outs
+
+    def reduce_scatter(g, a):
+        o = out(shard)
+        return dist.reduce_scatter(o, list(full.chunk(world)), group=g, async_op=a), [o]
+
+    def reduce_scatter_tensor(g, a):
+        o = out(shard)
+        return REDUCE_SCATTER(o, full, group=g, async_op=a), [o]
+
+    def coalesced_block(g, a):
+        from torch.distributed.distributed_c10d import _coalescing_manager
+
+        ar, ag, rs = full.clone(), out(full), out(shard)
+        if not isinstance(g, CompressingProcessGroup):  # the reference: gloo has no coalescing blocks
+            dist.all_reduce(ar, group=g), ALL_GATHER(ag, shard, group=g), REDUCE_SCATTER(rs, full, group=g)
+            return None, [ar, ag, rs]
+        with _coalescing_manager(group=g, device=torch.device("cpu"), async_ops=a) as cm:
+            dist.all_reduce(ar, group=g)
+        with _coalescing_manager(group=g, device=torch.device("cpu"), async_ops=a) as cm2:
+            ALL_GATHER(ag, shard, group=g)
+        with _coalescing_manager(group=g, device=torch.device("cpu"), async_ops=a) as cm3:
+            REDUCE_SCATTER(rs, full, group=g)
+        return (_Waits([cm, cm2, cm3]) if a else None), [ar, ag, rs]
+
+    def broadcast(g, a):
+        o = full.clone()
+        return dist.broadcast(o, src=0, group=g, async_op=a), [o]
+
+    def reduce(g, a):
+        o = full.clone()
+        return dist.reduce(o, dst=0, group=g, async_op=a), [o] if rank == 0 else []
+
+    def gather(g, a):
+        parts = [out(shard) for _ in range(world)] if rank == 0 else None
+        return dist.gather(shard, parts, dst=0, group=g, async_op=a), parts or []
+
+    def scatter(g, a):
+        o = out(shard)
+        return dist.scatter(o, list(full.chunk(world)) if rank == 0 else None, src=0, group=g, async_op=a), [o]
+
+    def all_to_all_single(g, a):
+        o = out(full)
+        return dist.all_to_all_single(o, full, group=g, async_op=a), [o]
+
+    def send_recv(g, a):
+        o = out(shard)
+        ops = [dist.P2POp(dist.isend, shard, peer, g), dist.P2POp(dist.irecv, o, src, g)]
+        works = dist.batch_isend_irecv(ops)
+        if not a:
+            for w in works:
+                w.wait()
+        return (_Waits(works) if a else None), [o]
+
+    return {f.__name__: f for f in (all_gather, all_gather_tensor, all_gather_coalesced, all_reduce, all_reduce_coalesced,
+                                    reduce_scatter, reduce_scatter_tensor, coalesced_block, broadcast, reduce, gather,
+                                    scatter, all_to_all_single, send_recv)}
+
+
+class _Waits:
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        return True
+
+
+def forwarded_works(rank: int, world: int, late_s: float = 0.1) -> dict:
+    """Each forwarded call, sync and async, with the other ranks entering it `late_s` late (so this
+    rank's inner Work cannot be complete when the call returns): once waited, its outputs are bit
+    for bit what the same call on the inner group gives, under each forwarding policy."""
+    import time
+
+    wrong = []
+    for name, kw in FORWARDING_POLICIES.items():
+        g = compressed_group(None, CompressionPolicy(min_bytes=MIN_BYTES, **kw))
+        for call, fn in _forwarded_calls(rank, world).items():
+            _, want = fn(g.inner, False)
+            for async_op in (False, True):
+                if rank != 0:
+                    time.sleep(late_s)
+                try:
+                    work, got = fn(g, async_op)
+                    if async_op:
+                        work.wait()
+                except RuntimeError as e:
+                    wrong.append(f"{name}: {call} async_op={async_op} raised {str(e)[:160]}")
+                    continue
+                if len(got) != len(want) or not all(_same_bits(a, b) for a, b in zip(got, want)):
+                    wrong.append(f"{name}: {call} async_op={async_op}")
+        compressed = {k: v.compressed for k, v in g.stats.items() if v.compressed}
+        assert not compressed, (name, compressed)  # every call was forwarded
+    return {"wrong": wrong}
+
+
+# ------------------------------------------------------------------------------- "taco" as the default group
+def _reinit_as_taco(rank: int, world: int, policy) -> None:
+    """Replace this process's gloo default group by dist.init_process_group("taco") (a file
+    rendezvous whose path rank 0 picks)."""
+    import tempfile
+
+    path = [tempfile.mktemp(prefix="taco-init-") if rank == 0 else None]
+    dist.broadcast_object_list(path, src=0)
+    dist.destroy_process_group()
+    dist.init_process_group("taco", init_method=f"file://{path[0]}", rank=rank, world_size=world,
+                            pg_options=taco.GroupOptions(policy=policy))
+
+
+def taco_default(rank: int, world: int) -> dict:
+    """dist.init_process_group("taco"): the default group compresses what its policy selects over a
+    gloo inner group; DDP on it trains; new groups under it compress over new gloo groups; the
+    inner groups the library made are destroyed with their groups, a caller's are not."""
+    from taco_triton.integrations.process_group import BACKEND, GroupOptions
+
+    c10d = dist.distributed_c10d
+    report = {}
+    policy = RecordingPolicy(min_bytes=MIN_BYTES)
+    _reinit_as_taco(rank, world, policy)
+    world_pg = dist.group.WORLD
+    inner = world_pg.inner
+    assert isinstance(world_pg, CompressingProcessGroup) and dist.get_backend() == BACKEND
+    assert world_pg.policy is policy and world_pg.inner_backend == "gloo"  # the device's own: gloo on a CPU torch
+    assert dist.get_backend(inner) == "gloo" and dist.get_process_group_ranks(inner) == list(range(world))
+
+    # DDP on the default group (no process_group argument): one step's gradients within their
+    # bound, then a few steps of training
+    report["ddp"] = ddp_step(rank, world, policy, None, exact_group=inner)
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(7 + rank)
+    x = torch.randn(64, 32, generator=gen)
+    y = x[:, :1] * 2.0 - x[:, 1:2]
+    before = world_pg.stats.get(("all_reduce", "backward", "all_reduce"), GroupStats()).compressed
+    losses = []
+    for _ in range(8):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    report["losses"] = losses
+    report["train_compressed"] = world_pg.stats[("all_reduce", "backward", "all_reduce")].compressed - before
+    params = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(params, _gather_all_list(params, world)))  # replicas agree
+
+    # new groups under it: compressing groups over new gloo groups, never a recursion
+    for kwargs in ({}, {"backend": BACKEND}):
+        sub = dist.new_group(list(range(world)), **kwargs)
+        assert isinstance(sub, CompressingProcessGroup) and sub.policy is policy, kwargs
+        assert dist.get_backend(sub.inner) == "gloo" and sub.inner not in (inner, world_pg), kwargs
+        z = torch.arange(5) + rank
+        dist.all_reduce(z, group=sub)
+        assert torch.equal(z, sum(torch.arange(5) + r for r in range(world)))
+        sub_inner = sub.inner
+        dist.destroy_process_group(sub)  # and the inner group it made
+        assert sub not in c10d._world.pg_map and sub_inner not in c10d._world.pg_map, kwargs
+    plain = dist.new_group(list(range(world)), backend="gloo")
+    assert not isinstance(plain, CompressingProcessGroup)
+    own = dist.new_group(list(range(world)), backend=BACKEND, pg_options=GroupOptions(inner=plain))
+    assert own.inner is plain and own.inner_backend is None
+    dist.destroy_process_group(own)  # the caller's inner group stays
+    assert plain in c10d._world.pg_map
+    dist.barrier(group=plain)
+    over = compressed_group(None, CompressionPolicy(min_bytes=MIN_BYTES))  # None: the default group's inner
+    assert over.inner is inner
+
+    # monitored_barrier: torch refuses a group not named gloo; the inner group and the group's own method work
+    errors = {}
+    try:
+        dist.monitored_barrier(group=world_pg)
+    except ValueError as e:
+        errors["monitored_barrier"] = str(e)
+    dist.monitored_barrier(group=world_pg.inner)
+    world_pg.monitored_barrier(c10d.default_pg_timeout)
+    for name, options in (("taco_inner", lambda: GroupOptions(inner="cpu:taco")),
+                          ("options_type", lambda: dist.new_group(list(range(world)), backend=BACKEND, pg_options=3))):
+        try:
+            options()
+        except (TypeError, ValueError) as e:
+            errors[name] = f"{type(e).__name__}: {e}"
+    report["errors"] = errors
+
+    dist.destroy_process_group()  # everything, the default group and its inner group included
+    report["destroyed"] = not dist.is_initialized() and not c10d._world.pg_map
+    return report

@@ -4,11 +4,20 @@
     tp = taco.compressed_group(tp_group, policy)          # once, on every rank of tp_group
     dist.all_reduce(x, group=tp)                          # and any other torch.distributed call
 
+    # or as the default group (and every group dist.new_group makes under it):
+    dist.init_process_group("taco", pg_options=taco.GroupOptions(inner="gloo", policy=policy))
+
 `compressed_group(inner, policy)` returns a ``torch.distributed.ProcessGroup`` (registered with
-torch.distributed under the backend name ``"taco"``) that every torch.distributed API accepts in
-place of `inner`: ``all_reduce``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``, their
-list and coalesced forms, the functional collectives (and so DTensor), DDP, send/recv,
-``batch_isend_irecv``, ``all_to_all``, ``broadcast``, ``barrier``, gather/scatter/reduce.
+torch.distributed under the backend name ``"taco"`` when ``taco_triton`` is imported) that every
+torch.distributed API accepts in place of `inner`: ``all_reduce``, ``reduce_scatter_tensor``,
+``all_gather_into_tensor``, their list and coalesced forms, the functional collectives (and so
+DTensor), DDP, send/recv, ``batch_isend_irecv``, ``all_to_all``, ``broadcast``, ``barrier``,
+gather/scatter/reduce. ``dist.init_process_group("taco")`` and ``dist.new_group(ranks,
+backend="taco")`` make one over a new inner group (`GroupOptions` names its backend and the
+policy); under a ``"taco"`` default group, ``dist.new_group`` makes ``"taco"`` groups too.
+``dist.destroy_process_group`` destroys an inner group the library made along with its group,
+never one the caller handed in. ``dist.monitored_barrier`` refuses any group whose backend is
+not named gloo; call it on ``group.inner`` (or ``group.monitored_barrier(timeout)``).
 
 Compressed: SUM and AVG all_reduce / reduce_scatter and all_gather of bf16, fp16 and fp32
 tensors of at least ``policy.min_bytes`` bytes whose site the policy gives a config (see
@@ -19,21 +28,23 @@ and decompressed by the receiver when it waits, with the policy's config at site
 direction "forward", at both ends (sender and receiver must decide alike from what both know;
 ``recv`` from any source is forwarded, so do not mix it with compressed sends). Everything else
 (integer dtypes, MAX/MIN/PRODUCT/PREMUL_SUM, small messages, exempt sites, all_to_all,
-broadcast, barrier, gather, scatter, reduce) is handed to `inner` unchanged, with the same
-options, and is bit for bit what `inner` gives.
+broadcast, barrier, gather, scatter, reduce) is handed to `inner` unchanged, in its own form
+(a list all_gather as inner's list all_gather, a coalesced all_reduce with nothing to compress
+as inner's coalesced all_reduce), with the same options, and is bit for bit what `inner` gives.
 
 Work: a compressed collective is issued when it is called (the codec and the inner group's work
 are queued on the calling thread, in the same order on every rank) and the returned Work is
 already complete on CPU; on CUDA its future carries the current stream's events, so `wait()`
 orders the waiting stream after the collective. Errors in a compressed collective raise at the
-call. A forwarded call returns `inner`'s own Work.
+call. A forwarded call returns `inner`'s own Work, which writes the caller's outputs itself; a
+coalesced call that mixes compressed and forwarded parts returns a Work that waits for each
+part's. Nothing is copied into a caller's output before the communication that fills it is done.
 
 `WireStats` counts every call on this rank: compressed ones as the collectives count them,
 forwarded ones by the collective's standard cost (`WireStats`).
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -44,18 +55,16 @@ from ..collectives import compressed as coll
 from ..config import INPUT_DTYPES
 from . import sites
 
-__all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupStats", "compressed_group"]
+__all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupOptions", "GroupStats", "compressed_group"]
 
-#: The name the group's backend is registered under (``dist.new_group(ranks, backend="taco")``
-#: makes one over a new inner group of the default backend, with the default policy).
+#: The name the group's backend is registered under (``import taco_triton`` registers it):
+#: ``dist.init_process_group("taco")``, ``dist.new_group(ranks, backend="taco")``.
 BACKEND = "taco"
 
 _C10D = torch._C._distributed_c10d
 #: The site of point-to-point messages (the same at both ends; ``exempt=["p2p"]`` forwards them).
 P2P_SITE = "p2p"
 _COMPRESSIBLE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
-_lock = threading.Lock()
-_pending: list = []  # (inner, policy) handed from compressed_group to the backend creator
 
 
 @dataclass
@@ -66,6 +75,51 @@ class GroupStats:
     calls: int = 0
     compressed: int = 0
     bytes: int = 0
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """What a ``"taco"`` group is made of: ``pg_options=`` of ``dist.init_process_group("taco")``
+    and ``dist.new_group(..., backend="taco")``.
+
+    Args:
+        inner: the group that carries the bytes. A backend string (``"gloo"``, ``"nccl"``,
+            ``"cpu:gloo,cuda:nccl"``): a new group of that backend over the same ranks, made with
+            the compressing group and destroyed with it. A ``ProcessGroup``: that group (over the
+            same ranks; the caller keeps it, destroying the compressing group leaves it alone).
+            None: under a compressing default group, its inner backend; under another default
+            group, the default group's backend; for the default group itself, the device's own
+            (``"cpu:gloo,cuda:nccl"`` where CUDA and NCCL are available, else ``"gloo"``).
+        policy: a `taco_triton.parallel.CompressionPolicy`. None: the compressing default group's
+            policy (groups made under it share it), else a new default ``CompressionPolicy()``.
+
+    Example:
+        >>> GroupOptions(inner="gloo").inner
+        'gloo'
+        >>> GroupOptions(inner="taco")
+        Traceback (most recent call last):
+        ...
+        ValueError: GroupOptions.inner must name the backend that carries the bytes (gloo, nccl, ...), not 'taco' itself
+    """
+
+    inner: str | dist.ProcessGroup | None = None
+    policy: object | None = None
+
+    def __post_init__(self):
+        if isinstance(self.inner, str):
+            named = {b for pair in self.inner.lower().split(",") for b in pair.split(":")[-1:]}
+            if BACKEND in named:
+                raise ValueError("GroupOptions.inner must name the backend that carries the bytes (gloo, nccl, ...), "
+                                 f"not {self.inner!r} itself")
+        elif isinstance(self.inner, CompressingProcessGroup):
+            raise TypeError("inner is already a compressing group; pass its .inner (compressing twice gains nothing)")
+        elif self.inner is not None and not isinstance(self.inner, dist.ProcessGroup):
+            raise TypeError(f"GroupOptions.inner must be a backend string, a ProcessGroup or None, "
+                            f"got {type(self.inner).__name__}")
+        if self.policy is not None:
+            missing = [a for a in ("config_for", "observe", "min_bytes") if not hasattr(self.policy, a)]
+            if missing:
+                raise TypeError(f"policy must be a CompressionPolicy (missing {missing}), got {type(self.policy).__name__}")
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -172,10 +226,14 @@ class CompressingProcessGroup(dist.ProcessGroup):
     that carries every byte), `policy`, `stats` ({(site, direction, kind): GroupStats}).
     """
 
-    def __init__(self, rank: int, size: int, inner, policy, global_ranks: list[int]):
+    def __init__(self, rank: int, size: int, inner, policy, global_ranks: list[int], group_name: str = "",
+                 inner_backend: str | None = None):
         super().__init__(rank, size)
         self._inner = inner
         self._global_ranks = list(global_ranks)
+        self._group_name = group_name
+        #: the backend string of an inner group this group made (and destroys); None: the caller's
+        self.inner_backend = inner_backend
         self.policy = policy
         self.stats: dict[tuple[str, str, str], GroupStats] = {}
         self._checked_devices: set[str] = set()
@@ -185,19 +243,23 @@ class CompressingProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ identity
     @property
     def inner(self):
-        """The process group that carries the bytes (made on first use for a group created by
-        ``dist.new_group(backend="taco")``)."""
-        if self._inner is None:
-            self._inner = dist.new_group(self._global_ranks, use_local_synchronization=True)
+        """The process group that carries the bytes."""
         return self._inner
 
     @property
     def group_name(self) -> str:
-        return dist.distributed_c10d._world.pg_names[self]
+        # kept here: destroy_process_group reads it after dropping the group from torch's tables
+        return self._group_name or dist.distributed_c10d._world.pg_names[self]
 
     @property
     def pg_name(self) -> str:
         return self.group_name
+
+    def shutdown(self) -> None:
+        """Called by ``dist.destroy_process_group``: also destroys the inner group this group made."""
+        c10d = dist.distributed_c10d
+        if self.inner_backend is not None and c10d._world.pg_map.get(self._inner) is not None:
+            dist.destroy_process_group(self._inner)
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -269,23 +331,29 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = dist.AllreduceOptions() if opts is None else opts
         if len(tensors) != 1:
-            n = sum(_nbytes(t) for t in tensors)
-            return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, "allreduce", tensors, opts)
+            return self._forward_all_reduce("allreduce", tensors, opts)
         (t,) = tensors
-        inner = self._inner_for(t)
-        op = _op_of(opts)
-        cfg = self._decide("all_reduce", t, _nbytes(t), op)
+        self._inner_for(t)
+        return self._all_reduce_one(t, self._decide("all_reduce", t, _nbytes(t), _op_of(opts)), opts)
+
+    def _all_reduce_one(self, t: torch.Tensor, cfg, opts):
         if cfg is None:
-            n = _nbytes(t)
-            return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, "allreduce", tensors, opts)
-        coll.all_reduce(t, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
+            return self._forward_all_reduce("allreduce", [t], opts)
+        coll.all_reduce(t, self._inner_for(t), cfg, op=_op_of(opts), min_bytes=self.policy.min_bytes)
         return self._track(_done([t], t.device))
+
+    def _forward_all_reduce(self, method: str, tensors, opts):
+        n = sum(_nbytes(t) for t in tensors)
+        return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, method, tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
+        cfgs = [self._decide("all_reduce", t, _nbytes(t), _op_of(opts)) for t in tensors]
+        if all(cfg is None for cfg in cfgs):  # nothing to compress: the inner group's own coalesced call
+            return self._forward_all_reduce("allreduce_coalesced", tensors, opts)
         one = dist.AllreduceOptions()
         one.reduceOp = opts.reduceOp
-        works = [self.allreduce([t], one) for t in tensors]
+        works = [self._all_reduce_one(t, cfg, one) for t, cfg in zip(tensors, cfgs)]
         return _all_of(works, list(tensors), tensors[0].device)
 
     # ------------------------------------------------------------------ reduce_scatter
@@ -306,11 +374,16 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = dist.ReduceScatterOptions() if opts is None else opts
-        if len(outputs) == 1 and len(input_lists[0]) == self.size() and all(
+        op = _op_of(opts)
+        if len(outputs) == 1 and len(input_lists) == 1 and len(input_lists[0]) == self.size() and all(
                 t.shape == outputs[0].shape and t.dtype == outputs[0].dtype for t in input_lists[0]) and \
-                self._decide_peek(outputs[0], _nbytes(outputs[0]) * self.size(), _op_of(opts)):
+                self._decide_peek(outputs[0], _nbytes(outputs[0]) * self.size(), op):
+            (out,), inner = outputs, self._inner_for(outputs[0])
             flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
-            return self.reduce_scatter_single(outputs[0], flat, opts)
+            cfg = self._decide("reduce_scatter", flat, _nbytes(flat), op)
+            if cfg is not None:
+                coll.reduce_scatter(out, flat, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
+                return self._track(_done(list(outputs), out.device))
         n = sum(_nbytes(t) for ts in input_lists for t in ts)
         return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, "reduce_scatter",
                              outputs, input_lists, opts)
@@ -339,15 +412,19 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = dist.AllgatherOptions() if opts is None else opts
-        if len(inputs) == 1 and len(output_lists[0]) == self.size() and all(
-                t.shape == inputs[0].shape and t.dtype == inputs[0].dtype for t in output_lists[0]):
+        if len(inputs) == 1 and len(output_lists) == 1 and len(output_lists[0]) == self.size() and all(
+                t.shape == inputs[0].shape and t.dtype == inputs[0].dtype for t in output_lists[0]) and \
+                self._decide_peek(inputs[0], _nbytes(inputs[0]) * self.size(), "sum"):
             (inp,), outs = inputs, output_lists[0]
-            flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
-            if self._decide_peek(inp, _nbytes(flat), "sum"):
-                self.all_gather_single(flat, inp.reshape(-1), opts)
-                for r, o in enumerate(outs):
-                    o.copy_(flat[r * inp.numel() : (r + 1) * inp.numel()].view(o.shape))
-                return _done(output_lists, inp.device)
+            inner = self._inner_for(inp)
+            cfg = self._decide("all_gather", inp, _nbytes(inp) * self.size(), "sum")
+            if cfg is not None:  # compressed: complete on return, so the copies below read final data
+                flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
+                coll.all_gather(flat, inp.reshape(-1), inner, cfg, min_bytes=self.policy.min_bytes)
+                for o, part in zip(outs, flat.view(self.size(), -1)):
+                    o.copy_(part.view(o.shape))
+                return self._track(_done(output_lists, inp.device))
+        # forwarded in its own form: inner's Work writes the caller's outputs itself
         n = sum(_nbytes(t) for t in inputs)
         return self._forward("all_gather", n, (self.size() - 1) * n, "allgather", output_lists, inputs, opts)
 
@@ -478,16 +555,60 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return _all_of(works, None, torch.device(device) if device is not None else torch.device("cpu"))
 
 
-def _create(dist_opts, backend_opts):
-    """The registered backend's creator: the group `compressed_group` asked for, or (for a plain
-    ``dist.new_group(backend="taco")``) one over a new inner group made on first use."""
-    inner, policy = _pending[-1] if _pending else (None, None)
+def _inner_and_policy(options: GroupOptions | None, is_default: bool) -> tuple[object, object]:
+    """(inner, policy) of a new group: `options`, else what a compressing default group uses,
+    else the default group's backend (or, for the default group itself, the device's)."""
+    options = GroupOptions() if options is None else options
+    default = None if is_default else dist.distributed_c10d._get_default_group()
+    inner, policy = options.inner, options.policy
+    if isinstance(default, CompressingProcessGroup):
+        inner = inner if inner is not None else (default.inner_backend or dist.get_backend(default.inner))
+        policy = policy if policy is not None else default.policy
+    elif inner is None:
+        if default is not None:
+            inner = dist.get_backend(default)
+        elif torch.cuda.is_available() and dist.is_nccl_available():
+            inner = "cpu:gloo,cuda:nccl"
+        else:
+            inner = "gloo"
     if policy is None:
         from ..parallel.policy import CompressionPolicy
 
         policy = CompressionPolicy()
-    return CompressingProcessGroup(dist_opts.group_rank, dist_opts.group_size, inner, policy,
-                                   list(dist_opts.global_ranks_in_group))
+    return inner, policy
+
+
+def _make_inner(backend: str, dist_opts, ranks: list[int], is_default: bool):
+    """A new group of `backend` over the ranks of the group being made, registered with
+    torch.distributed (so every dist.* call takes it). Made inside the backend creator, where
+    ``dist.new_group`` cannot run (no default group yet, or a group name counter the ranks outside
+    this group would not advance): the name derives from the new group's, its store is the new
+    group's, and a tag of its own keeps look-ups by ranks on the compressing group."""
+    c10d = dist.distributed_c10d
+    name = f"{dist_opts.group_id}:{BACKEND}-inner"
+    pg, _ = c10d._new_process_group_helper(
+        dist_opts.group_size, dist_opts.group_rank, [] if is_default else ranks, dist.Backend(backend),
+        dist_opts.store, name, timeout=dist_opts.timeout, pg_tag=name, group_desc=f"inner group of {BACKEND} group")
+    c10d._world.pg_group_ranks[pg] = {g: r for r, g in enumerate(ranks)}
+    return pg
+
+
+def _create(dist_opts, backend_opts):
+    """The registered backend's creator, for ``dist.init_process_group("taco")``,
+    ``dist.new_group(backend="taco")`` (or under a "taco" default group) and `compressed_group`."""
+    if backend_opts is not None and not isinstance(backend_opts, GroupOptions):
+        raise TypeError(f"pg_options of a {BACKEND!r} group must be a taco_triton GroupOptions, "
+                        f"got {type(backend_opts).__name__}")
+    is_default = not dist_opts.global_ranks_in_group  # torch passes [] for the default group
+    ranks = list(range(dist_opts.group_size)) if is_default else list(dist_opts.global_ranks_in_group)
+    inner, policy = _inner_and_policy(backend_opts, is_default)
+    inner_backend = None
+    if isinstance(inner, str):
+        inner_backend, inner = inner, _make_inner(inner, dist_opts, ranks, is_default)
+    elif dist.get_process_group_ranks(inner) != ranks:
+        raise ValueError(f"the inner group's ranks {dist.get_process_group_ranks(inner)} are not the new group's {ranks}")
+    return CompressingProcessGroup(dist_opts.group_rank, dist_opts.group_size, inner, policy, ranks,
+                                   group_name=dist_opts.group_id, inner_backend=inner_backend)
 
 
 def _register() -> None:
@@ -502,10 +623,12 @@ def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
     makes a new torch.distributed group over `inner`'s ranks, synchronizing only those ranks).
 
     Args:
-        inner: the process group that carries the bytes (None: the default group). Its backend must
-            serve the tensors' device (gloo: CPU, nccl: CUDA).
-        policy: a `taco_triton.parallel.CompressionPolicy` (None: the default, FP8 E4M3 for every
-            site, messages from `policy.min_bytes` = 1 MiB up). Sites are named by
+        inner: the process group that carries the bytes (None: the default group, or the inner
+            group of a compressing default group). Its backend must serve the tensors' device
+            (gloo: CPU, nccl: CUDA). Destroying the compressing group leaves it alone.
+        policy: a `taco_triton.parallel.CompressionPolicy` (None: a compressing default group's
+            policy, else the default: FP8 E4M3 for every site, messages from `policy.min_bytes` =
+            1 MiB up). Sites are named by
             `taco_triton.integrations.sites.track_sites`. Tensors travel in their own dtype
             (`comm_dtype` is not used).
 
@@ -522,30 +645,17 @@ def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
         raise RuntimeError("compressed_group needs torch.distributed initialized (dist.init_process_group)")
     if inner is None:
         inner = dist.distributed_c10d._get_default_group()
+        if isinstance(inner, CompressingProcessGroup):
+            inner = inner.inner
     if not isinstance(inner, dist.ProcessGroup):
         raise TypeError(f"inner must be a torch.distributed ProcessGroup or None, got {type(inner).__name__}")
-    if isinstance(inner, CompressingProcessGroup):
-        raise TypeError("inner is already a compressing group; pass its .inner (compressing twice gains nothing)")
-    if policy is None:
-        from ..parallel.policy import CompressionPolicy
-
-        policy = CompressionPolicy()
-    missing = [a for a in ("config_for", "observe", "min_bytes") if not hasattr(policy, a)]
-    if missing:
-        raise TypeError(f"policy must be a CompressionPolicy (missing {missing}), got {type(policy).__name__}")
+    options = GroupOptions(inner=inner, policy=policy)
     ranks = dist.get_process_group_ranks(inner)
     if dist.get_rank() not in ranks:
         raise ValueError(f"rank {dist.get_rank()} is not in the inner group (ranks {ranks})")
     if ranks != sorted(ranks):
         raise ValueError(f"the inner group's ranks must be in increasing order (as new_group makes them), got {ranks}")
-    _register()
-    with _lock:
-        _pending.append((inner, policy))
-        try:
-            group = dist.new_group(ranks, backend=BACKEND, use_local_synchronization=True)
-        finally:
-            _pending.pop()
-    return group
+    return dist.new_group(ranks, backend=BACKEND, pg_options=options, use_local_synchronization=True)
 
 
 _register()
