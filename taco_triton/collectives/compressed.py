@@ -358,9 +358,8 @@ class _Plan:
         self.kind, self.signature, self.fp = call.kind, call.signature, call.fp
         self.p, self.rank, self.config, self.backend = call.p, call.rank, call.config, call.backend
         self.device = device
+        # a zero-size message is one slice of empty pieces: only the tags move, as in the others
         pieces = _pieces(chunks, call.depth)
-        if call.kind == "all_gather":
-            pieces = [pc for pc in pieces if pc[0][1] > pc[0][0]]
         self.slices = [_Slice(piece, call.config) for piece in pieces]
         self.scale = 1.0 / self.p if call.op == "avg" else 1.0
         # decoded values beyond this become +-inf (all_gather decodes one rank's values: no sum)
@@ -803,6 +802,7 @@ def all_reduce(
 
     Args:
         tensor: any shape, any strides; bf16/fp16/fp32 are compressed, other dtypes run natively.
+            Zero elements are fine on every path, as in torch (only the 4-byte tags move).
         group: process group (None: the default group). On a rank outside it: nothing, None.
         config: `CompressionConfig` (None: the default). `enabled=False`, or a message smaller
             than `min_bytes`, runs the native collective. The message is the whole buffer

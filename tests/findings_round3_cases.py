@@ -1,0 +1,62 @@
+"""Per-rank bodies of tests/test_findings_round3.py (module-level: spawned ranks import them)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import taco_triton as taco
+from taco_triton.collectives import _pg
+
+from .collective_cases import _outcome
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+#: Constant groups without the transform: each value is its group's absmax, so only code rounding applies.
+PLAIN = taco.CompressionConfig(codec="int8", hadamard=False)
+
+
+def _issue(kind: str, n: int, world: int, **kw):
+    """One `kind` call of n elements per rank (bf16 ones times the rank + 1); returns (handle or
+    None, the output tensor)."""
+    rank = dist.get_rank()
+    if kind == "all_reduce":
+        out = torch.full((n,), rank + 1.0, dtype=torch.bfloat16)
+        return taco.all_reduce(out, **kw), out
+    if kind == "reduce_scatter":
+        out = torch.empty(n, dtype=torch.bfloat16)
+        return taco.reduce_scatter(out, torch.full((world * n,), rank + 1.0, dtype=torch.bfloat16), **kw), out
+    out = torch.empty(world * n, dtype=torch.bfloat16)
+    return taco.all_gather(out, torch.full((n,), rank + 1.0, dtype=torch.bfloat16), **kw), out
+
+
+def zero_size(rank: int, world: int) -> dict:
+    """Finding 2: every kind with zero elements, both codec paths, sync and async, then a call of
+    the same kind with elements (so a zero-size call that moved different messages on the ranks
+    would show there)."""
+    out = {}
+    for backend in ("triton", "torch"):
+        for kind in KINDS:
+            for async_op in (False, True):
+                name = f"{kind}-{backend}-{'async' if async_op else 'sync'}"
+                kw = {"min_bytes": 0, "backend": backend, "async_op": async_op, "config": PLAIN}
+
+                def call(kind=kind, kw=kw, name=name):
+                    h, t = _issue(kind, 0, world, **kw)
+                    out[name + "-returned"] = "None" if h is None else ("True" if h.wait() is True else "other")
+                    out[name + "-numel"] = t.numel()
+
+                out[name] = _outcome(call)
+            h, t = _issue(kind, 300, world, min_bytes=0, backend=backend, config=PLAIN)
+            out[f"{kind}-{backend}-after"] = sorted(set(t.float().tolist()))
+    # through a compressing process group whose policy compresses every size
+    from taco_triton.integrations.process_group import compressed_group
+    from taco_triton.parallel import CompressionPolicy
+
+    cg = compressed_group(None, CompressionPolicy(min_bytes=0))
+    empty = torch.empty(0, dtype=torch.bfloat16)
+    out["group-all_gather"] = _outcome(lambda: _pg._ALL_GATHER(torch.empty(0, dtype=torch.bfloat16),
+                                                                        empty, group=cg))
+    out["group-reduce_scatter"] = _outcome(lambda: _pg._REDUCE_SCATTER(empty, torch.empty(0, dtype=torch.bfloat16),
+                                                                           group=cg))
+    out["group-all_reduce"] = _outcome(lambda: dist.all_reduce(empty, group=cg))
+    dist.barrier()
+    return out
