@@ -60,3 +60,43 @@ def zero_size(rank: int, world: int) -> dict:
     out["group-all_reduce"] = _outcome(lambda: dist.all_reduce(empty, group=cg))
     dist.barrier()
     return out
+
+
+#: Configs the two ranks disagree on (fingerprint exchange off): the device tag check finds it.
+MISMATCH = (taco.CompressionConfig(codec="fp8_e4m3", hadamard=False), taco.CompressionConfig(codec="int8", hadamard=False))
+
+
+def _failure(fn) -> tuple[str, int | None]:
+    """(outcome, the call number an error message names)."""
+    import re
+
+    got = _outcome(fn)
+    m = re.search(r"\(call (\d+)\)", got)
+    return got, int(m.group(1)) if m else None
+
+
+def attribution(rank: int, world: int) -> dict:
+    """Finding 4: each call's tag mismatch is raised by that call (its handle), never by another."""
+    out = {}
+    kw = {"min_bytes": 0, "backend": "triton", "check": False}
+    # an async call whose tags mismatch, then a good synchronous call on another plan
+    bad = torch.ones(300, dtype=torch.bfloat16)
+    h = taco.all_reduce(bad, config=MISMATCH[rank], async_op=True, **kw)
+    good = torch.ones(600, dtype=torch.bfloat16)
+    out["good_call"] = _outcome(lambda: taco.all_reduce(good, config=PLAIN, **kw))
+    out["good_values"] = sorted(set(good.float().tolist()))
+    out["bad_wait"] = [_failure(h.wait) for _ in range(2)]
+    out["bad_nan"] = bool(bad.float().isnan().all())
+    out["after_waits"] = _outcome(taco.check_errors)
+    # two mismatching async calls of one plan, waited after check_errors()
+    xs = [torch.ones(300, dtype=torch.bfloat16) for _ in range(2)]
+    hs = [taco.all_reduce(x, config=MISMATCH[rank], async_op=True, **kw) for x in xs]
+    out["check_first"] = [_failure(taco.check_errors) for _ in range(3)]
+    out["waits"] = [_failure(hd.wait) for hd in hs]
+    out["check_last"] = _outcome(taco.check_errors)
+    dist.barrier()
+    return out
+
+
+def collectives(rank: int, world: int) -> dict:
+    return {"zero": zero_size(rank, world), "attribution": attribution(rank, world)}

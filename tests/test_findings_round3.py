@@ -12,8 +12,13 @@ from .dist_utils import run_ranks
 
 # ----------------------------------------------------------------------------- finding 2
 @pytest.fixture(scope="module")
-def zero():
-    return run_ranks(cases.zero_size, 2, pg_timeout_s=20, timeout_s=300)
+def session():
+    return run_ranks(cases.collectives, 2, pg_timeout_s=20, timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def zero(session):
+    return [report["zero"] for report in session]
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -36,3 +41,34 @@ def test_zero_size_collective_is_a_no_op_as_in_torch(zero, backend, kind, mode):
 @pytest.mark.parametrize("kind", cases.KINDS)
 def test_zero_size_collective_through_a_compressing_group(zero, kind):
     assert all(report[f"group-{kind}"] == "ok" for report in zero), [r[f"group-{kind}"] for r in zero]
+
+
+# ----------------------------------------------------------------------------- finding 4
+@pytest.fixture(scope="module")
+def attribution(session):
+    return [report["attribution"] for report in session]
+
+
+def test_async_mismatch_is_raised_by_its_own_wait_not_by_a_later_good_call(attribution):
+    """Before: the good call raised the async call's error; the async wait() returned True."""
+    for report in attribution:
+        assert report["good_call"] == "ok", report["good_call"]
+        assert report["good_values"] == [2.0]  # 1 + 1: exact in INT8 (each value its group's absmax)
+        (first, n1), (second, n2) = report["bad_wait"]
+        assert first.startswith("ValueError") and "carries tag" in first, first
+        assert second == first and n1 is not None  # a failed handle stays failed
+        assert report["bad_nan"]
+        assert report["after_waits"] == "ok"  # raised by its handle: nothing left to report
+
+
+def test_two_mismatching_async_calls_of_one_plan_each_raise_their_own(attribution):
+    """Before: the first wait() raised naming the second call; the second wait() and
+    check_errors() were clean."""
+    for report in attribution:
+        (w1, n1), (w2, n2) = report["waits"]
+        assert w1.startswith("ValueError") and w2.startswith("ValueError"), (w1, w2)
+        assert n1 is not None and n2 == n1 + 1, (n1, n2)  # consecutive calls, each named by its own wait
+        # check_errors() before the waits raises the oldest unreported one, then the next, then nothing
+        assert [n for _, n in report["check_first"]] == [n1, n2, None], report["check_first"]
+        assert report["check_first"][2][0] == "ok"
+        assert report["check_last"] == "ok"

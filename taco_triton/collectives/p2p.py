@@ -81,7 +81,7 @@ class _Message:
             rows = slots.descriptors([(0, tensor.numel())], [self.layout], [0], [self.nbytes], [self.tag], [0])
             self.desc = slots.table(rows, tensor.device)
             self.tiles = slots.total_tiles([self.layout])
-            self.errors = slots.ErrorRecord(tensor.device)
+            self.errors = slots.ErrorRecords(tensor.device)  # one record per message in flight
 
     def encode(self, flat: torch.Tensor, seed: int) -> torch.Tensor:
         wire = torch.empty(self.nbytes, dtype=torch.uint8, device=flat.device)
@@ -105,7 +105,9 @@ class _Message:
         self._encode(flat, wire, seed)
         return wire
 
-    def decode(self, wire: torch.Tensor, flat: torch.Tensor) -> None:
+    def decode(self, wire: torch.Tensor, flat: torch.Tensor, handle: bool):
+        """Check the tag and decompress: on the Triton path returns the message's error record as
+        watched (`handle`: a receive's Work owns its error); the reference path raises at once."""
         if self.backend != "triton":
             got = int.from_bytes(bytes(wire[self.layout.nbytes : self.layout.nbytes + _TAG].cpu().tolist()), "little")
             if got != self.tag:
@@ -113,18 +115,19 @@ class _Message:
                 raise _mismatch(self.sig, got, self.tag)
             if self.layout.nbytes:
                 ops.decompress_into(wire[: self.layout.nbytes], flat, self.config, self.backend)
-            return
+            return None
+        record = self.errors.claim()
         if self._decode is None:
             from ..kernels import slots
             from ..kernels._launch import Prepared, launch_params, target_of
             from ..kernels.decompress import decompress_slots_launch
 
             self._decode = Prepared(decompress_slots_launch(
-                wire, flat, self.desc, self.errors.tensor, 1, self.tiles, self.config, target_of(flat.device),
+                wire, flat, self.desc, record.tensor, 1, self.tiles, self.config, target_of(flat.device),
                 launch_params("decompress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
-                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 9, 10))
-        self._decode(wire, flat, 0, 0)
-        _compressed._watch(self, flat.device)
+                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 3, 9, 10))
+        self._decode(wire, flat, record.tensor, 0, 0)
+        return _compressed._watch(self, record, flat.device, handle)
 
     def error(self, record) -> ValueError:
         _, _, got, want, _ = record
@@ -172,7 +175,7 @@ def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionCon
     leaves allowed). A tag that does not match this end's (size, dtype, config) raises
     ValueError and leaves NaN in `tensor`: on the Triton path without a host synchronization,
     when the work is done (at once on CPU; on CUDA at a later collective or
-    `taco_triton.check_errors()`)."""
+    `taco_triton.check_errors()`; see there)."""
     if not tensor.is_contiguous():
         raise ValueError(f"decode_into needs a contiguous tensor, got shape {tuple(tensor.shape)} "
                          f"with strides {tensor.stride()}")
@@ -180,7 +183,7 @@ def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionCon
     if wire.dtype != torch.uint8 or wire.dim() != 1 or wire.numel() != m.nbytes:
         raise ValueError(f"decode_into: the wire buffer must be 1-D uint8 with {m.nbytes} bytes for {m.sig}, got "
                          f"{wire.dtype} {tuple(wire.shape)}")
-    m.decode(wire, tensor.detach().view(-1))
+    _compressed._end_of_call(m.decode(wire, tensor.detach().view(-1), handle=False))
 
 
 def _rank() -> int:
@@ -270,20 +273,31 @@ def record_send(buffer: torch.Tensor, compressed: bool) -> None:
 
 
 class _DecodeOnWait:
-    """A receive's Work: `wait()` waits for the wire buffer, then checks and decompresses it (once)."""
+    """A receive's Work: `wait()` waits for the wire buffer, then checks and decompresses it (once).
+    A message whose tag did not match makes this and every later `wait()` raise."""
 
     def __init__(self, work, wire, tensor, message):
         self._work, self._wire, self._tensor, self._message = work, wire, tensor, message
+        self._entry = self._error = None
 
     def wait(self, timeout=None) -> bool:
+        if self._error is not None:
+            raise self._error
         if self._wire is not None:
             wire, self._wire = self._wire, None  # once: a gloo p2p Work waited twice blocks
             self._work.wait()
-            self._message.decode(wire, self._tensor.detach().view(-1))
+            try:
+                self._entry = self._message.decode(wire, self._tensor.detach().view(-1), handle=True)
+            except ValueError as e:  # the reference path's tag check
+                self._error = e
+                raise
+        if self._entry is not None and _compressed._own_error(self._entry) is not None:
+            self._error = self._entry.error
+            _compressed._report(self._entry)
         return True
 
     def is_completed(self) -> bool:
-        return self._wire is None
+        return self._wire is None and self._error is None
 
 
 def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig | None = None, *,
