@@ -98,5 +98,45 @@ def attribution(rank: int, world: int) -> dict:
     return out
 
 
+
+
+STOCHASTIC = taco.CompressionConfig(codec="int4", group_size=32, hadamard=False, rounding="stochastic")
+
+
+def graph_seeds(rank: int, world: int) -> dict:
+    """Finding 5, the device side on CPU: all_reduce calls numbered alike (as the replays of one
+    captured call are) with the seeds CUDA graph captures use (`_graph_seeds` forced on), and
+    without. Returns the outputs' bits."""
+    import itertools
+
+    from taco_triton.collectives import compressed
+
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(rank)).bfloat16()
+    out = {}
+
+    def run(cfg, backend="triton"):
+        compressed._calls = itertools.count(1000)  # the same call number every time
+        y = x.clone()
+        taco.all_reduce(y, config=cfg, min_bytes=0, backend=backend)
+        return y.view(torch.int16).tolist()
+
+    out["eager"] = [run(STOCHASTIC) for _ in range(2)]
+    out["reference"] = run(STOCHASTIC, backend="torch")
+    nearest = STOCHASTIC.replace(rounding="nearest")
+    out["nearest_eager"] = run(nearest)
+    forced = compressed._graph_seeds
+    compressed._graph_seeds = lambda device: True
+    try:
+        out["graph"] = [run(STOCHASTIC) for _ in range(2)]
+        out["nearest_graph"] = run(nearest)
+    finally:
+        compressed._graph_seeds = forced
+    out["exact"] = sum(torch.randn(4096, generator=torch.Generator().manual_seed(r)).bfloat16().double()
+                       for r in range(world)).tolist()
+    dist.barrier()
+    return out
+
+
 def collectives(rank: int, world: int) -> dict:
-    return {"zero": zero_size(rank, world), "attribution": attribution(rank, world)}
+    return {"zero": zero_size(rank, world), "attribution": attribution(rank, world),
+            "graph_seeds": graph_seeds(rank, world)}

@@ -5,8 +5,13 @@ replays themselves in tests/test_cuda_graphs.py). Each test is named for the beh
 failed before the fix; the multi-rank ones run on 2 gloo ranks with a short process-group
 timeout, so a regression into a hang fails instead of stalling the suite."""
 import pytest
+import torch
+
+from taco_triton.collectives import compressed, p2p
+from taco_triton.kernels import slots
 
 from . import findings_round3_cases as cases
+from .collective_cases import two_quantization_bound
 from .dist_utils import run_ranks
 
 
@@ -72,3 +77,53 @@ def test_two_mismatching_async_calls_of_one_plan_each_raise_their_own(attributio
         assert [n for _, n in report["check_first"]] == [n1, n2, None], report["check_first"]
         assert report["check_first"][2][0] == "ok"
         assert report["check_last"] == "ok"
+
+
+# ----------------------------------------------------------------------------- finding 5
+@pytest.fixture(scope="module")
+def graph_seeds(session):
+    return [report["graph_seeds"] for report in session]
+
+
+def _bf16(bits) -> torch.Tensor:
+    return torch.tensor(bits, dtype=torch.int16).view(torch.bfloat16).double()
+
+
+def test_graph_seeded_calls_round_afresh_with_the_same_call_number(graph_seeds):
+    """The device side of fresh seeds in CUDA graph replays, on CPU: two all_reduce calls with the
+    same call number (all a replay repeats) round differently when their seeds come from the device
+    counter, each within the format's bound; outside graphs the same number gives the same bits,
+    those of the reference path (the host seeds are unchanged), and nearest rounding is bitwise
+    the same either way. The replays themselves: tests/test_cuda_graphs.py (GPU)."""
+    inputs = [torch.randn(4096, generator=torch.Generator().manual_seed(r)).bfloat16() for r in range(2)]
+    bound = two_quantization_bound(inputs, cases.STOCHASTIC, torch.bfloat16, "sum")
+    for report in graph_seeds:
+        first, second = report["eager"]
+        assert first == second and first == report["reference"]
+        g1, g2 = report["graph"]
+        assert g1 != g2
+        exact = torch.tensor(report["exact"])
+        for bits in (g1, g2):
+            assert float((_bf16(bits) - exact).norm()) <= bound
+        assert report["nearest_graph"] == report["nearest_eager"]
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
+def test_p2p_encode_salts_the_seed_with_the_device_counter(monkeypatch, rounding):
+    """A message encoded with the graph seeds twice from the same host seed: different bytes for
+    stochastic rounding, exactly those of a host seed salted with the counter's value
+    (`slots.salt`, the same mixing); nearest rounding: the bytes of the eager encode."""
+    cfg = cases.STOCHASTIC.replace(rounding=rounding)
+    x = torch.randn(1024, generator=torch.Generator().manual_seed(5)).bfloat16()
+    m = p2p._message(x, cfg, "triton")
+    eager = m.encode(x, 77).clone()
+    monkeypatch.setattr(compressed, "_graph_seeds", lambda device: True)
+    wires = [m.encode(x, 77).clone() for _ in range(2)]
+    counter = int(slots.seed_counter(x.device)[0])
+    monkeypatch.undo()
+    if rounding == "nearest":
+        assert torch.equal(wires[0], eager) and torch.equal(wires[1], eager)
+        return
+    assert not torch.equal(wires[0], wires[1])
+    assert torch.equal(wires[1], m.encode(x, slots.salt(77, counter)))
+    assert torch.equal(wires[0], m.encode(x, slots.salt(77, counter - 1)))

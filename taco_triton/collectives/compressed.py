@@ -373,7 +373,7 @@ class _Plan:
         self.scale = 1.0 / self.p if call.op == "avg" else 1.0
         # decoded values beyond this become +-inf (all_gather decodes one rank's values: no sum)
         self.inf_above = math.inf if call.kind == "all_gather" else overflow_threshold(call.config, call.dtype)
-        self.launches = None  # the Triton path's prepared launches, built by its first call (`_prepare`)
+        self.launches = self.graph_launches = None  # the Triton path's prepared launches (`_prepare`)
         self._buffers: dict = {}
         if self.backend == "triton":
             self.errors = slots.ErrorRecords(device)  # one record per call in flight
@@ -453,16 +453,25 @@ class _Plan:
     def _prepare(self, flat: torch.Tensor, dense: torch.Tensor) -> None:
         """Everything the Triton path's calls reuse: per slice the process-group split sizes, the
         schedule of stages, and the three prepared launches (built with this call's tensors;
-        later calls replace the tensor arguments)."""
-        p, rank, cfg = self.p, self.rank, self.config
+        later calls replace the tensor arguments). Stochastic rounding also gets the launches
+        that calls captured in a CUDA graph run (`graph_launches`: seeds salted on the device with
+        `slots.seed_counter`), made now so that no kernel compiles during a capture."""
         n_stages = 3 if self.kind == "all_reduce" else 2
         self.schedule = _schedule(len(self.slices), n_stages)
+        self.launches = self._launches(flat, dense, None)
+        if self.config.stochastic:
+            self.graph_launches = self._launches(flat, dense, slots.seed_counter(self.device))
+
+    def _launches(self, flat: torch.Tensor, dense: torch.Tensor, seq_ptr) -> list:
+        """Per slice its (compress, reduce, decompress) prepared launches (None where the kind has
+        no such stage); `seq_ptr` the device counter stochastic seeds are salted with, or None."""
+        p, rank, cfg = self.p, self.rank, self.config
         bufs = self._new_buffers()
         target, device = target_of(self.device), self.device
         err = self.errors.claim()  # the launches' template argument; each call passes its own record
         self.errors.release(err)
         err = err.tensor
-        self.launches = []
+        launches = []
         for k, (sl, b) in enumerate(zip(self.slices, bufs)):
             compress = decompress = reduce = None
             if self.kind == "all_gather":
@@ -476,7 +485,7 @@ class _Plan:
             launch = compress_slots_launch(flat, b.send, self.desc[k, 0], len(sl.piece), slots.total_tiles(sl.lays),
                                            cfg, target, launch_params("compress", device, flat.dtype, cfg,
                                                                       max(lay.numel for lay in sl.lays)),
-                                           device, elem_align=slots.elem_align(sl.piece))
+                                           device, elem_align=slots.elem_align(sl.piece), seq_ptr=seq_ptr)
             compress = Prepared(launch, (0, 1, 6))
             if self.kind != "all_gather":
                 from ..kernels.reduce import reduce_launch
@@ -489,7 +498,7 @@ class _Plan:
                 launch = reduce_launch(b.rows, b.rows, b.rows, strides, p, own, own, own, own, lay.numel, cfg,
                                        self.scale, dense_reduce, target,
                                        launch_params("reduce", device, torch.uint8, cfg, lay.numel), device,
-                                       self.inf_above if dense_reduce else math.inf, tags=tags)
+                                       self.inf_above if dense_reduce else math.inf, tags=tags, seq_ptr=seq_ptr)
                 reduce = Prepared(launch, (0, 1, 2, 7, 8, 9, 10, 17, 21, 26, 27))
             if self.kind != "reduce_scatter":
                 from ..kernels.decompress import decompress_slots_launch
@@ -500,7 +509,8 @@ class _Plan:
                                                                max(lay.numel for lay in lays)),
                                                  device, self.inf_above, elem_align=slots.elem_align(pieces))
                 decompress = Prepared(launch, (0, 1, 3, 9, 10))
-            self.launches.append(tuple(x and x.call for x in (compress, reduce, decompress)))  # plain functions
+            launches.append(tuple(x and x.call for x in (compress, reduce, decompress)))  # plain functions
+        return launches
 
     def _new_buffers(self) -> list:
         """One set of wire buffers per slice (`_Buffers`), from torch.empty."""
@@ -542,6 +552,9 @@ class _Plan:
         bufs, launches, slices = self.buffers(), self.launches, self.slices
         cfg, rank, kind = self.config, self.rank, self.kind
         stochastic = cfg.stochastic
+        if stochastic and _graph_seeds(self.device):  # replays must not repeat the captured seeds
+            slots.seed_counter(self.device).add_(1)
+            launches = self.graph_launches
         work = [None] * len(slices)
         for stage, k in self.schedule:
             b = bufs[k]
@@ -602,6 +615,13 @@ _IN_GRAPH = "captured in a CUDA graph"
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _graph_seeds(device: torch.device) -> bool:
+    """Whether a stochastic call on `device` takes its seeds from the device counter
+    (`slots.seed_counter`): while a CUDA graph is captured, so that every replay rounds afresh.
+    Outside graphs the seeds are the host's, salted with the call number, as before."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _completion(device: torch.device):

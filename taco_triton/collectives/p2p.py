@@ -26,6 +26,7 @@ import torch.distributed as dist
 from .. import ops
 from ..config import INPUT_DTYPES, CompressionConfig
 from ..env import check_mode
+from ..kernels import slots
 from ..kernels.slots import salt
 from ..layout import WireLayout
 from . import _pg
@@ -74,10 +75,8 @@ class _Message:
         self.nbytes = -(-(self.layout.nbytes + _TAG) // _ALIGN) * _ALIGN
         self.tag = _tag(self.sig)
         self.device = tensor.device
-        self._encode = self._decode = None
+        self._encode = self._decode = self._encode_graph = None
         if self.backend == "triton":
-            from ..kernels import slots
-
             rows = slots.descriptors([(0, tensor.numel())], [self.layout], [0], [self.nbytes], [self.tag], [0])
             self.desc = slots.table(rows, tensor.device)
             self.tiles = slots.total_tiles([self.layout])
@@ -93,17 +92,25 @@ class _Message:
             wire[self.layout.nbytes : self.layout.nbytes + _TAG] = torch.tensor(
                 list(self.tag.to_bytes(4, "little")), dtype=torch.uint8, device=flat.device)
             return wire
-        if self._encode is None:
-            from ..kernels import slots
-            from ..kernels._launch import Prepared, launch_params, target_of
-            from ..kernels.compress import compress_slots_launch
-
-            self._encode = Prepared(compress_slots_launch(
-                flat, wire, self.desc, 1, self.tiles, self.config, target_of(flat.device),
-                launch_params("compress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
-                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 6))
-        self._encode(flat, wire, seed)
+        if self._encode is None:  # with stochastic rounding also the launch CUDA graphs capture
+            self._encode = self._encode_launch(flat, wire, None)
+            if self.config.stochastic:
+                self._encode_graph = self._encode_launch(flat, wire, slots.seed_counter(flat.device))
+        if self.config.stochastic and _compressed._graph_seeds(flat.device):
+            slots.seed_counter(flat.device).add_(1)  # so that every replay rounds with fresh seeds
+            self._encode_graph(flat, wire, seed)
+        else:
+            self._encode(flat, wire, seed)
         return wire
+
+    def _encode_launch(self, flat: torch.Tensor, wire: torch.Tensor, seq_ptr):
+        from ..kernels._launch import Prepared, launch_params, target_of
+        from ..kernels.compress import compress_slots_launch
+
+        return Prepared(compress_slots_launch(
+            flat, wire, self.desc, 1, self.tiles, self.config, target_of(flat.device),
+            launch_params("compress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
+            elem_align=slots.elem_align([(0, flat.numel())]), seq_ptr=seq_ptr), (0, 1, 6)).call
 
     def decode(self, wire: torch.Tensor, flat: torch.Tensor, handle: bool):
         """Check the tag and decompress: on the Triton path returns the message's error record as
@@ -118,7 +125,6 @@ class _Message:
             return None
         record = self.errors.claim()
         if self._decode is None:
-            from ..kernels import slots
             from ..kernels._launch import Prepared, launch_params, target_of
             from ..kernels.decompress import decompress_slots_launch
 

@@ -60,6 +60,22 @@ def salt(seed: int, *values: int) -> int:
     return h
 
 
+_seed_counters: dict = {}
+
+
+def seed_counter(device: torch.device) -> torch.Tensor:
+    """The int64 counter on `device` that the stochastic seeds of calls captured in a CUDA graph
+    are salted with on the device (the kernels' `seq_ptr`): each such call adds 1 to it, on the
+    device, before its kernels, so every replay rounds with fresh seeds, as torch's graph-safe
+    generators advance their offset. Made once per device (before any capture) and kept, since
+    graphs hold its address."""
+    key = (device.type, device.index)
+    counter = _seed_counters.get(key)
+    if counter is None:
+        counter = _seed_counters[key] = torch.zeros(1, dtype=torch.int64, device=device)
+    return counter
+
+
 def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list[list[int]]:
     """Descriptor rows (host ints) of slots: pieces [(first element, end)], their wire layouts,
     slot byte offsets and strides, tags (uint32 as int) and source ranks."""
