@@ -94,6 +94,21 @@ def attribution(rank: int, world: int) -> dict:
     out["check_first"] = [_failure(taco.check_errors) for _ in range(3)]
     out["waits"] = [_failure(hd.wait) for hd in hs]
     out["check_last"] = _outcome(taco.check_errors)
+    # p2p: after agreement, a message whose tag differs fails its wait() every time
+    from taco_triton.collectives import p2p
+
+    other = taco.CompressionConfig(codec="fp8_e4m3", hadamard=False)
+    msg = torch.ones(128, dtype=torch.bfloat16)
+    for backend in ("triton", "torch"):
+        if rank == 0:
+            p2p.isend(msg, 1, config=PLAIN, min_bytes=0, backend=backend).wait()
+            p2p.isend(msg, 1, config=other, min_bytes=0, backend=backend, check=False).wait()
+        else:
+            got = torch.empty(128, dtype=torch.bfloat16)
+            p2p.irecv(got, 0, config=PLAIN, min_bytes=0, backend=backend).wait()
+            r = p2p.irecv(got, 0, config=PLAIN, min_bytes=0, backend=backend, check=False)
+            out[f"p2p_tag_{backend}"] = [_outcome(r.wait) for _ in range(2)]
+            out[f"p2p_tag_nan_{backend}"] = bool(got.float().isnan().all())
     dist.barrier()
     return out
 
@@ -138,5 +153,58 @@ def graph_seeds(rank: int, world: int) -> dict:
 
 
 def collectives(rank: int, world: int) -> dict:
-    return {"zero": zero_size(rank, world), "attribution": attribution(rank, world),
-            "graph_seeds": graph_seeds(rank, world)}
+    """The three collective scenarios in one session; one that raises reports its error alone."""
+    out = {}
+    for name, scenario in (("zero", zero_size), ("attribution", attribution), ("graph_seeds", graph_seeds)):
+        try:
+            out[name] = scenario(rank, world)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def p2p_receives_first(rank: int, world: int, backend: str) -> dict:
+    """Finding 3: both ranks post their receives of new signatures before their sends (as pipeline
+    schedules do), then wait in various orders; and finding 4's p2p part."""
+    from taco_triton.collectives import p2p
+
+    peer = 1 - rank
+    out = {}
+    kw = {"min_bytes": 0, "backend": backend}
+
+    def payload(n, who, salt=0):
+        return torch.arange(n, dtype=torch.float32).add(1000 * who + salt).bfloat16()
+
+    # 1: one new signature each way, the sends waited first (the receives' handshakes must have
+    # completed without anyone waiting for them)
+    got = torch.empty(256, dtype=torch.bfloat16)
+    r = p2p.irecv(got, peer, config=PLAIN, **kw)
+    s = p2p.isend(payload(256, rank), peer, config=PLAIN, **kw)
+    out["crossed"] = _outcome(lambda: (s.wait(), r.wait()))
+    out["crossed_values"] = got.float().tolist()
+    # 2: two new signatures from the same peer (one compressed, one native) queued behind each
+    # other, waited in reverse order, and a steady message of the first signature after them
+    a, b, c = torch.empty(512, dtype=torch.bfloat16), torch.empty(96, dtype=torch.float32), torch.empty(256, dtype=torch.bfloat16)
+    works = [p2p.irecv(a, peer, config=PLAIN, **kw), p2p.irecv(b, peer, config=None, **kw),
+             p2p.irecv(c, peer, config=PLAIN, **kw)]
+    sends = [p2p.isend(payload(512, rank), peer, config=PLAIN, **kw),
+             p2p.isend(torch.arange(96, dtype=torch.float32) + rank, peer, config=None, **kw),
+             p2p.isend(payload(256, rank, 7), peer, config=PLAIN, **kw)]
+    out["queued"] = _outcome(lambda: [w.wait() for w in reversed(works + sends)])
+    out["queued_values"] = [a.float().tolist(), b.tolist(), c.float().tolist()]
+    # 3: both ends disagree on a new signature's config, receives first: both waits raise on both
+    # ranks, at every wait; then a matching exchange still pairs up
+    other = taco.CompressionConfig(codec="fp8_e4m3", hadamard=False)
+    mine = PLAIN if rank == 0 else other
+    bad = torch.full((384,), -5.0, dtype=torch.bfloat16)
+    r = p2p.irecv(bad, peer, config=mine, **kw)
+    s = p2p.isend(payload(384, rank), peer, config=mine, **kw)
+    out["refused"] = [_outcome(w.wait) for w in (s, r, s, r)]
+    out["refused_untouched"] = bool((bad == -5.0).all())
+    got = torch.empty(128, dtype=torch.bfloat16)
+    r = p2p.irecv(got, peer, config=PLAIN, **kw)
+    s = p2p.isend(payload(128, rank), peer, config=PLAIN, **kw)
+    out["after_refused"] = _outcome(lambda: (s.wait(), r.wait()))
+    out["after_refused_values"] = got.float().tolist()
+    dist.barrier()
+    return out

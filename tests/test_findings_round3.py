@@ -21,9 +21,15 @@ def session():
     return run_ranks(cases.collectives, 2, pg_timeout_s=20, timeout_s=300)
 
 
+def _scenario(session, name):
+    reports = [report[name] for report in session]
+    assert all("error" not in r for r in reports), [r.get("error") for r in reports]
+    return reports
+
+
 @pytest.fixture(scope="module")
 def zero(session):
-    return [report["zero"] for report in session]
+    return _scenario(session, "zero")
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -51,7 +57,7 @@ def test_zero_size_collective_through_a_compressing_group(zero, kind):
 # ----------------------------------------------------------------------------- finding 4
 @pytest.fixture(scope="module")
 def attribution(session):
-    return [report["attribution"] for report in session]
+    return _scenario(session, "attribution")
 
 
 def test_async_mismatch_is_raised_by_its_own_wait_not_by_a_later_good_call(attribution):
@@ -79,10 +85,18 @@ def test_two_mismatching_async_calls_of_one_plan_each_raise_their_own(attributio
         assert report["check_last"] == "ok"
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_p2p_tag_error_stays_raised_on_every_wait(attribution, backend):
+    """Before: a second wait() of the failed receive returned True."""
+    tag = attribution[1][f"p2p_tag_{backend}"]
+    assert all(o.startswith("ValueError") and "carries tag" in o for o in tag), tag
+    assert attribution[1][f"p2p_tag_nan_{backend}"]
+
+
 # ----------------------------------------------------------------------------- finding 5
 @pytest.fixture(scope="module")
 def graph_seeds(session):
-    return [report["graph_seeds"] for report in session]
+    return _scenario(session, "graph_seeds")
 
 
 def _bf16(bits) -> torch.Tensor:
@@ -127,3 +141,48 @@ def test_p2p_encode_salts_the_seed_with_the_device_counter(monkeypatch, rounding
     assert not torch.equal(wires[0], wires[1])
     assert torch.equal(wires[1], m.encode(x, slots.salt(77, counter)))
     assert torch.equal(wires[0], m.encode(x, slots.salt(77, counter - 1)))
+
+
+# ----------------------------------------------------------------------------- finding 3
+@pytest.fixture(scope="module")
+def receives_first():
+    # a 10 s process-group timeout: before the fix both ranks blocked in irecv until it. The
+    # handshake and the order of receives do not depend on the codec path: the Triton one here
+    return run_ranks(cases.p2p_receives_first, 2, "triton", pg_timeout_s=10, timeout_s=300)
+
+
+def _within(values, want, cfg=cases.PLAIN):
+    """Each value within the format's rounding of its group's absmax (INT8 without the transform)."""
+    want = torch.as_tensor(want, dtype=torch.float64)
+    got = torch.as_tensor(values, dtype=torch.float64)
+    return bool(((got - want).abs() <= cfg.spec.relative_rounding * want.abs().max() * 2).all())
+
+
+def _sent(n, who, salt=0):
+    return torch.arange(n, dtype=torch.float32).add(1000 * who + salt).bfloat16().double()
+
+
+def test_receives_posted_first_on_both_ends_do_not_block(receives_first):
+    """Before: both ranks blocked inside irecv, in the handshake's receive, until the timeout."""
+    for rank, report in enumerate(receives_first):
+        peer = 1 - rank
+        assert report["crossed"] == "ok", report["crossed"]
+        assert _within(report["crossed_values"], _sent(256, peer))
+
+
+def test_receives_queued_behind_a_handshake_meet_their_sends_in_order(receives_first):
+    for rank, report in enumerate(receives_first):
+        peer = 1 - rank
+        assert report["queued"] == "ok", report["queued"]
+        a, b, c = report["queued_values"]
+        assert _within(a, _sent(512, peer)) and _within(c, _sent(256, peer, 7))
+        assert b == [float(i + peer) for i in range(96)]  # native: exact
+
+
+def test_refused_first_message_fails_both_waits_on_both_ranks_and_leaves_the_channel_clean(receives_first):
+    for rank, report in enumerate(receives_first):
+        assert all(o.startswith("ValueError") and "expects a different message" in o for o in report["refused"]), \
+            report["refused"]
+        assert report["refused_untouched"]
+        assert report["after_refused"] == "ok", report["after_refused"]
+        assert _within(report["after_refused_values"], _sent(128, 1 - rank))
