@@ -192,6 +192,15 @@ def p2p_receives_first(rank: int, world: int, backend: str) -> dict:
              p2p.isend(payload(256, rank, 7), peer, config=PLAIN, **kw)]
     out["queued"] = _outcome(lambda: [w.wait() for w in reversed(works + sends)])
     out["queued_values"] = [a.float().tolist(), b.tolist(), c.float().tolist()]
+    # 2b: rank 0 sends two messages of one new signature before waiting for either (the second
+    # follows the first's handshake on both ends), rank 1 waits its receives in reverse
+    twice = [torch.empty(640, dtype=torch.bfloat16) for _ in range(2)]
+    if rank == 0:
+        ws = [p2p.isend(payload(640, rank, i), peer, config=PLAIN, **kw) for i in range(2)]
+    else:
+        ws = [p2p.irecv(t, peer, config=PLAIN, **kw) for t in twice]
+    out["twice"] = _outcome(lambda: [w.wait() for w in reversed(ws)])
+    out["twice_values"] = [t.float().tolist() for t in twice]
     # 3: both ends disagree on a new signature's config, receives first: both waits raise on both
     # ranks, at every wait; then a matching exchange still pairs up
     other = taco.CompressionConfig(codec="fp8_e4m3", hadamard=False)

@@ -179,6 +179,15 @@ def test_receives_queued_behind_a_handshake_meet_their_sends_in_order(receives_f
         assert b == [float(i + peer) for i in range(96)]  # native: exact
 
 
+def test_two_sends_of_a_new_signature_before_any_wait_pair_up(receives_first):
+    """Before: the second send shook hands again, the receiver did not, and the sender's wait()
+    hung for an answer that never came."""
+    for report in receives_first:
+        assert report["twice"] == "ok", report["twice"]
+    for i, values in enumerate(receives_first[1]["twice_values"]):
+        assert _within(values, _sent(640, 0, i))
+
+
 def test_refused_first_message_fails_both_waits_on_both_ranks_and_leaves_the_channel_clean(receives_first):
     for rank, report in enumerate(receives_first):
         assert all(o.startswith("ValueError") and "expects a different message" in o for o in report["refused"]), \

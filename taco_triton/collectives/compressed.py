@@ -20,9 +20,10 @@ the same arguments and tensor metadata goes straight to its plan's launches (`_S
 No host synchronization in the steady state: the receiving kernels check every slot's tag on
 the device; a mismatch makes the outputs it fed NaN and fills the call's own small host-visible
 error record (pinned host memory on CUDA; one per call in flight), which the host reads once that
-call's work is complete, without waiting for it, and raises in that call (`_read`, `check_errors`). The rank-agreement exchange (a fingerprint all_gather whose
-result the host reads) runs on the first call of each (group, signature) and is cached;
-check="always" runs it on every call. Limitation of the cache: a rank that changes its signature
+call's work is complete, without waiting for it, and raises in that call (`_read`,
+`check_errors`). The rank-agreement exchange (a fingerprint all_gather whose result the host
+reads) runs on the first call of each (group, signature) and is cached; check="always" runs it
+on every call. Limitation of the cache: a rank that changes its signature
 alone after the first call is caught by the tags if the message sizes still match; if they do not,
 the process group sees mismatched collectives (use check="always" while debugging).
 
