@@ -60,9 +60,8 @@ def _issue(kind, n, pipeline, config=None):
 
 
 def _captured(run):
-    """`run` warmed up, then captured in a CUDA graph (on a side stream, as torch requires)."""
-    run()
-    torch.cuda.synchronize()
+    """`run` (called once already: plan, tables, compilation) captured in a CUDA graph, on a side
+    stream as torch requires, after one more warm-up call there."""
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -88,14 +87,7 @@ def test_collective_replays_the_eager_bytes_without_host_sync(one_rank_nccl, kin
         run()  # steady state, eager
     torch.cuda.synchronize()
     eager = out.clone()
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()  # warm on the capture stream
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            run()
+    graph = _captured(run)
     out.zero_()
     with no_sync():
         graph.replay()
@@ -121,14 +113,7 @@ def test_p2p_to_itself_replays_the_eager_bytes(one_rank_nccl):
         run()
     torch.cuda.synchronize()
     eager = got.clone()
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            run()
+    graph = _captured(run)
     got.zero_()
     with no_sync():
         graph.replay()
@@ -155,6 +140,7 @@ def test_replays_of_a_stochastic_all_reduce_round_with_fresh_seeds(one_rank_nccl
 
     n = 3 * 8192 + 5
     run, out = _issue("all_reduce", n, 1, STOCHASTIC)
+    run()
     graph = _captured(run)
     first, second = _replays(graph, out)
     assert not torch.equal(first.view(torch.int16), second.view(torch.int16))
@@ -175,6 +161,7 @@ def test_replays_of_a_stochastic_p2p_message_round_with_fresh_seeds(one_rank_ncc
     def run():
         p2p.decode_into(p2p.encode(x, STOCHASTIC), got, STOCHASTIC)
 
+    run()
     first, second = _replays(_captured(run), got)
     assert not torch.equal(first.view(torch.int16), second.view(torch.int16))
     bound = bounds.l2_error_bound(x, taco.compress(x, STOCHASTIC), torch.bfloat16)

@@ -39,18 +39,19 @@ TAG = 0x7AC0  # the handshake's messages never match a payload's (tag 0)
 _shaken: dict = {}
 
 
-def _key(peer: int, group, sig: tuple, sending: bool) -> tuple:
+def key(peer: int, group, sig: tuple, sending: bool) -> tuple:
+    """A message's (peer, group object, signature, sending): `[:2]` names its queue (`submit`)."""
     return peer, _pg.group_object(group), sig, sending
 
 
-def needs_handshake(peer: int, group, sig: tuple, sending: bool, check) -> bool:
+def needs_handshake(key: tuple, check) -> bool:
     mode = check_mode(check)
-    return mode == "always" or (mode == "first" and _key(peer, group, sig, sending) not in _shaken)
+    return mode == "always" or (mode == "first" and key not in _shaken)
 
 
-def follows(peer: int, group, sig: tuple, sending: bool):
+def follows(key: tuple):
     """The handshake a message without one of its own must wait for: its key's, unless that matched."""
-    hs = _shaken.get(_key(peer, group, sig, sending))
+    hs = _shaken.get(key)
     return None if hs is None or hs.matched else hs
 
 
@@ -67,11 +68,11 @@ class Handshake:
     other end's in. `post()` posts both (the receiver its receive first: the order NCCL needs on
     both ends), `outcome()` waits for them once and compares."""
 
-    def __init__(self, peer: int, group, sig: tuple, device, nbytes: int, sending: bool):
-        self.peer, self.group, self.sig, self.sending = peer, group, sig, sending
-        self.key = _key(peer, group, sig, sending)
+    def __init__(self, key: tuple, group, device, nbytes: int):
+        self.key, self.group = key, group
+        self.peer, _, self.sig, self.sending = key
         # (fingerprint, payload bytes): on a mismatch the receiver drains the payload by its size
-        self.mine = torch.tensor([_pg.fingerprint(sig), nbytes], dtype=torch.int64, device=device)
+        self.mine = torch.tensor([_pg.fingerprint(self.sig), nbytes], dtype=torch.int64, device=device)
         self.theirs = torch.empty(2, dtype=torch.int64, device=device)
         self.their_bytes = 0
         self.matched = False
@@ -157,13 +158,13 @@ _queues: dict = {}
 _lock = threading.Lock()
 
 
-def submit(peer: int, group, post: Callable[[], tuple], device: torch.device, defer: bool,
+def submit(key: tuple, post: Callable[[], tuple], device: torch.device, defer: bool,
            now: Callable[[], None] | None = None) -> Deferred | None:
-    """Queue `post` (see `Deferred`) behind the operations with `peer` that wait, or, with
-    `defer`, start a queue with it: a Deferred. None when nothing waits and not `defer`: the
-    caller posts at once. `now` runs at once when this starts a queue (what of a deferred
-    operation can be posted before it)."""
-    key = (peer, _pg.group_object(group))
+    """Queue `post` (see `Deferred`) behind the operations with the peer that wait (`key`: the
+    message's, or (peer, group object)), or, with `defer`, start a queue with it: a Deferred.
+    None when nothing waits and not `defer`: the caller posts at once. `now` runs at once when
+    this starts a queue (what of a deferred operation can be posted before it)."""
+    key = key[:2]
     with _lock:
         q = _queues.get(key)
         if q is None and not defer:
@@ -175,13 +176,13 @@ def submit(peer: int, group, post: Callable[[], tuple], device: torch.device, de
         if now is not None:
             now()
         _queues[key] = q = deque([d])
-    threading.Thread(target=_drain, args=(key, q), name=f"taco_triton p2p {peer}", daemon=True).start()
+    threading.Thread(target=_drain, args=(key, q), name=f"taco_triton p2p {key[0]}", daemon=True).start()
     return d
 
 
-def waiting(peer: int, group) -> bool:
-    """Whether operations with `peer` wait in a queue (then a new one must queue behind them)."""
-    return (peer, _pg.group_object(group)) in _queues
+def waiting(key: tuple) -> bool:
+    """Whether operations with the peer of `key` wait in a queue (a new one must queue behind them)."""
+    return key[:2] in _queues
 
 
 def _drain(key, q: deque) -> None:

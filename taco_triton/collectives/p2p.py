@@ -276,11 +276,11 @@ def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig 
     only the message's tag is checked, on the device."""
     compress = should_compress(tensor, config, min_bytes, backend)
     sig = signature(tensor, config if compress else None)
-    hs = None
-    if _handshake.needs_handshake(dst, group, sig, True, check):
+    key, hs = _handshake.key(dst, group, sig, True), None
+    if _handshake.needs_handshake(key, check):
         nbytes = wire_like(tensor, config).numel() if compress else tensor.numel() * tensor.element_size()
-        hs = _handshake.Handshake(dst, group, sig, tensor.device, nbytes, sending=True)
-    decides = hs or _handshake.follows(dst, group, sig, True)
+        hs = _handshake.Handshake(key, group, tensor.device, nbytes)
+    decides = hs or _handshake.follows(key)
     if compress:
         buf = encode(tensor, config, backend)
     else:
@@ -293,8 +293,8 @@ def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig 
         return [dist.isend(buf, dst, group=group)], None
 
     work = None
-    if _handshake.waiting(dst, group) and dist.get_backend(group) == "nccl":  # NCCL keeps a pair's order
-        work = _handshake.submit(dst, group, post, tensor.device, defer=False)
+    if _handshake.waiting(key) and dist.get_backend(group) == "nccl":  # NCCL keeps a pair's order
+        work = _handshake.submit(key, post, tensor.device, defer=False)
     if work is None:
         if hs is not None:
             hs.post()
@@ -322,11 +322,11 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
     m = _message(tensor, config, backend) if compress else None
     sig = m.sig if compress else signature(tensor, None)
     into = torch.empty(m.nbytes, dtype=torch.uint8, device=tensor.device) if compress else tensor
-    hs = None
-    if _handshake.needs_handshake(src, group, sig, False, check):
+    key, hs = _handshake.key(src, group, sig, False), None
+    if _handshake.needs_handshake(key, check):
         nbytes = m.nbytes if compress else tensor.numel() * tensor.element_size()
-        hs = _handshake.Handshake(src, group, sig, tensor.device, nbytes, sending=False)
-    decides = hs or _handshake.follows(src, group, sig, False)
+        hs = _handshake.Handshake(key, group, tensor.device, nbytes)
+    decides = hs or _handshake.follows(key)
 
     def post():
         if decides is not None:
@@ -337,7 +337,7 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
                 return [dist.irecv(scratch, src, group=group)], decides
         return [dist.irecv(into, src, group=group)], None
 
-    work = _handshake.submit(src, group, post, tensor.device, defer=decides is not None,
+    work = _handshake.submit(key, post, tensor.device, defer=decides is not None,
                              now=hs.post if hs is not None else None)
     if work is None:
         work = dist.irecv(into, src, group=group)
