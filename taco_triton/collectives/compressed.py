@@ -677,13 +677,29 @@ def _read(entries, block: bool) -> None:
                 e.done.synchronize()
             elif not e.done.query():  # not done yet: read later
                 continue
-        record = e.record.take()
-        e.owner.errors.release(e.record)
-        e.record, e.read = None, True
         _unchecked.remove(e)
-        if record is not None:
-            e.error = e.owner.error(record)
-            _unreported.append(e)
+        _take(e)
+
+
+def _take(e: _Watched) -> None:
+    """Read a complete call's record, clear it and give it back (its error, if any, kept)."""
+    record = e.record.take()
+    e.owner.errors.release(e.record)
+    e.record, e.read = None, True
+    if record is not None:
+        e.error = e.owner.error(record)
+        _unreported.append(e)
+
+
+def _watched(owner, record, done, handle: bool) -> _Watched:
+    """A call's error record watched from issue: read at once when its work is complete (CPU:
+    the interpreter ran it already), else kept in `_unchecked` until it is."""
+    entry = _Watched(owner, record, done, handle)
+    if done is None:
+        _take(entry)
+    else:
+        _unchecked.append(entry)
+    return entry
 
 
 def _report(entry: _Watched):
@@ -697,11 +713,7 @@ def _report(entry: _Watched):
 def _watch(owner, record, device: torch.device, handle: bool) -> _Watched:
     """Register one call's error record (claimed from `owner.errors`), to be read once the call's
     work is complete: at once on CPU (the interpreter ran it already)."""
-    entry = _Watched(owner, record, _completion(device), handle)
-    _unchecked.append(entry)
-    if entry.done is None:
-        _read([entry], block=False)
-    return entry
+    return _watched(owner, record, _completion(device), handle)
 
 
 def _end_of_call(entry: _Watched | None) -> None:
@@ -757,10 +769,7 @@ def _finish_call(plan: _Plan | None, device: torch.device, async_op: bool, recor
     """What follows the issue of a compressed call: its error record watched (`record`: the one
     its kernels write, None on the reference path), then the handle (async) or the error check."""
     event = _completion(device)
-    entry = None
-    if record is not None:
-        entry = _Watched(plan, record, event, async_op)
-        _unchecked.append(entry)
+    entry = None if record is None else _watched(plan, record, event, async_op)
     if not async_op:
         _end_of_call(entry)
         return None
