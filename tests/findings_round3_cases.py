@@ -94,6 +94,7 @@ def attribution(rank: int, world: int) -> dict:
     out["check_first"] = [_failure(taco.check_errors) for _ in range(3)]
     out["waits"] = [_failure(hd.wait) for hd in hs]
     out["check_last"] = _outcome(taco.check_errors)
+    out.update(in_flight(rank))
     # p2p: after agreement, a message whose tag differs fails its wait() every time
     from taco_triton.collectives import p2p
 
@@ -149,6 +150,57 @@ def graph_seeds(rank: int, world: int) -> dict:
     out["exact"] = sum(torch.randn(4096, generator=torch.Generator().manual_seed(r)).bfloat16().double()
                        for r in range(world)).tolist()
     dist.barrier()
+    return out
+
+
+class _Event:
+    """A stand-in for the CUDA event that tells when a call's work is complete (`done`)."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def in_flight(rank: int) -> dict:
+    """The CUDA rules of the error records, on CPU: each call's work is reported complete only
+    when its stand-in event says so (the kernels have written the records already)."""
+    from taco_triton.collectives import compressed
+
+    out = {}
+    kw = {"min_bytes": 0, "backend": "triton", "check": False}
+    events = []
+
+    def event(device):
+        events.append(_Event())
+        return events[-1]
+
+    saved = compressed._completion
+    compressed._completion = event
+    try:
+        # two mismatching async calls of one plan in flight, then a good call that completes
+        xs = [torch.ones(300, dtype=torch.bfloat16) for _ in range(2)]
+        for x in xs:
+            taco.all_reduce(x, config=MISMATCH[rank], async_op=True, **kw)
+        first, second = events
+        good = torch.ones(600, dtype=torch.bfloat16)
+        out["flight_good"] = _outcome(lambda: taco.all_reduce(good, config=PLAIN, **kw))
+        first.done = True  # the first call completes: a later call may read its record, not raise it
+        out["flight_later_good"] = _outcome(lambda: taco.all_reduce(good, config=PLAIN, **kw))
+        out["flight_check"] = [_failure(taco.check_errors) for _ in range(3)]  # waits for the second
+        # a synchronous call: its error is raised by the first synchronous call that ends after
+        # its work completed (here: the next one), naming it
+        events.clear()
+        out["flight_sync"] = _failure(lambda: taco.all_reduce(xs[0], config=MISMATCH[rank], **kw))
+        events[0].done = True
+        out["flight_sync_later"] = _failure(lambda: taco.all_reduce(good, config=PLAIN, **kw))
+        out["flight_sync_check"] = _outcome(taco.check_errors)
+    finally:
+        compressed._completion = saved
     return out
 
 

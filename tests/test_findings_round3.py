@@ -85,6 +85,25 @@ def test_two_mismatching_async_calls_of_one_plan_each_raise_their_own(attributio
         assert report["check_last"] == "ok"
 
 
+def test_calls_in_flight_keep_their_own_records_until_their_work_is_complete(attribution):
+    """The CUDA rules on CPU, with stand-in completion events: two mismatching async calls of one
+    plan in flight write records of their own; no later call reads, clears or raises them before
+    their work is complete (before: one record per plan, the second call's error overwrote the
+    first's, and the host could clear a record a call in flight was writing); check_errors()
+    then raises each, oldest first. A synchronous call's error is raised by the next synchronous
+    call that ends after its work completed, naming it."""
+    for report in attribution:
+        assert report["flight_good"] == "ok" and report["flight_later_good"] == "ok"
+        (c1, n1), (c2, n2), (c3, n3) = report["flight_check"]
+        assert c1.startswith("ValueError") and c2.startswith("ValueError") and c3 == "ok", report["flight_check"]
+        assert n2 == n1 + 1
+        sync, n_sync = report["flight_sync"]
+        assert sync == "ok"  # its work is not complete when it ends: nothing to read yet
+        later, n_later = report["flight_sync_later"]
+        assert later.startswith("ValueError") and "carries tag" in later and n_later == n2 + 3, later
+        assert report["flight_sync_check"] == "ok"
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_p2p_tag_error_stays_raised_on_every_wait(attribution, backend):
     """Before: a second wait() of the failed receive returned True."""
