@@ -108,7 +108,10 @@ class CompressionConfig:
             "taco_fp32x2": TACO's released layout, an RMS pre-scale and an absmax scale stored as
             two FP32 per group (8 bytes per group).
         rounding: "nearest" (round half to even) or "stochastic" (unbiased; for gradients).
-        seed: seed of the counter-based random stream used by stochastic rounding.
+        seed: seed of the counter-based random stream used by stochastic rounding. `compress`
+            uses it as given; the collectives and p2p salt it with the rank and the call (in CUDA
+            graph replays also with a counter each replay advances on the device), so their
+            rounding noise is independent across ranks, calls and replays.
         enabled: False turns compression off where a config is consumed by the collectives (they
             then run the native collective); `compress` refuses a disabled config.
 

@@ -39,9 +39,9 @@ def no_sync():
         torch.cuda.set_sync_debug_mode(0)
 
 
-def _issue(kind, n, pipeline):
+def _issue(kind, n, pipeline, config=None):
     g = torch.Generator(device="cuda").manual_seed(7)
-    kw = {"min_bytes": 0, "pipeline": pipeline}
+    kw = {"min_bytes": 0, "pipeline": pipeline, "config": config}
     if kind == "all_reduce":
         src = torch.randn(n, device="cuda", generator=g).bfloat16()
         x = torch.empty_like(src)
@@ -59,6 +59,24 @@ def _issue(kind, n, pipeline):
     return (lambda: taco.all_gather(out, shard, **kw)), out
 
 
+def _captured(run):
+    """`run` (called once already: plan, tables, compilation) captured in a CUDA graph, on a side
+    stream as torch requires, after one more warm-up call there."""
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # warm on the capture stream
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            run()
+    torch.cuda.synchronize()
+    return graph
+
+
+STOCHASTIC = taco.CompressionConfig(codec="int4", group_size=32, hadamard=False, rounding="stochastic")
+
+
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
 @pytest.mark.parametrize("pipeline", [1, 2])
 def test_collective_replays_the_eager_bytes_without_host_sync(one_rank_nccl, kind, pipeline):
@@ -69,14 +87,7 @@ def test_collective_replays_the_eager_bytes_without_host_sync(one_rank_nccl, kin
         run()  # steady state, eager
     torch.cuda.synchronize()
     eager = out.clone()
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()  # warm on the capture stream
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            run()
+    graph = _captured(run)
     out.zero_()
     with no_sync():
         graph.replay()
@@ -102,18 +113,58 @@ def test_p2p_to_itself_replays_the_eager_bytes(one_rank_nccl):
         run()
     torch.cuda.synchronize()
     eager = got.clone()
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            run()
+    graph = _captured(run)
     got.zero_()
     with no_sync():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(got.view(torch.int16), eager.view(torch.int16))
     assert torch.equal(eager, taco.decompress(taco.compress(x, cfg)))
+    taco.check_errors()
+
+
+def _replays(graph, out, n=2):
+    got = []
+    for _ in range(n):
+        with no_sync():
+            graph.replay()
+        torch.cuda.synchronize()
+        got.append(out.clone())
+    return got
+
+
+def test_replays_of_a_stochastic_all_reduce_round_with_fresh_seeds(one_rank_nccl):
+    """Each replay salts the captured seeds with a device counter it advances, so the rounding
+    noise is independent across replays (before: every replay rounded as the capture did)."""
+    from .collective_cases import two_quantization_bound
+
+    n = 3 * 8192 + 5
+    run, out = _issue("all_reduce", n, 1, STOCHASTIC)
+    run()
+    graph = _captured(run)
+    first, second = _replays(graph, out)
+    assert not torch.equal(first.view(torch.int16), second.view(torch.int16))
+    x = torch.randn(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7)).bfloat16()
+    bound = two_quantization_bound([x.cpu()], STOCHASTIC, torch.bfloat16, "sum")
+    for y in (first, second):
+        assert float((y.double() - x.double()).norm()) <= bound
+    taco.check_errors()
+
+
+def test_replays_of_a_stochastic_p2p_message_round_with_fresh_seeds(one_rank_nccl):
+    from taco_triton import bounds
+    from taco_triton.collectives import p2p
+
+    x = torch.randn(3 * 8192 + 5, device="cuda").bfloat16()
+    got = torch.empty_like(x)
+
+    def run():
+        p2p.decode_into(p2p.encode(x, STOCHASTIC), got, STOCHASTIC)
+
+    run()
+    first, second = _replays(_captured(run), got)
+    assert not torch.equal(first.view(torch.int16), second.view(torch.int16))
+    bound = bounds.l2_error_bound(x, taco.compress(x, STOCHASTIC), torch.bfloat16)
+    for y in (first, second):
+        assert float((y.float() - x.float()).norm()) <= bound
     taco.check_errors()

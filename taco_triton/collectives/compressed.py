@@ -18,11 +18,12 @@ reused, with its wire buffers (`_Plan.buffers` states when reuse is safe). A cal
 the same arguments and tensor metadata goes straight to its plan's launches (`_Steady`).
 
 No host synchronization in the steady state: the receiving kernels check every slot's tag on
-the device; a mismatch makes the outputs it fed NaN and fills a small host-visible error record
-(pinned host memory on CUDA), which the host reads once the work is complete, without waiting
-for it (`_settle`, `check_errors`). The rank-agreement exchange (a fingerprint all_gather whose
-result the host reads) runs on the first call of each (group, signature) and is cached;
-check="always" runs it on every call. Limitation of the cache: a rank that changes its signature
+the device; a mismatch makes the outputs it fed NaN and fills the call's own small host-visible
+error record (pinned host memory on CUDA; one per call in flight), which the host reads once that
+call's work is complete, without waiting for it, and raises in that call (`_read`,
+`check_errors`). The rank-agreement exchange (a fingerprint all_gather whose result the host
+reads) runs on the first call of each (group, signature) and is cached; check="always" runs it
+on every call. Limitation of the cache: a rank that changes its signature
 alone after the first call is caught by the tags if the message sizes still match; if they do not,
 the process group sees mismatched collectives (use check="always" while debugging).
 
@@ -100,18 +101,23 @@ class Pending:
     module docstring), so waiting on handles in any order, or never before the next collective,
     changes nothing. `wait()` finishes what is left on this rank: on the native path the
     process group's work and the copy back into a non-contiguous tensor; on CUDA it makes the
-    current stream wait for the collective (no host sync). A handle that failed stays failed:
+    current stream wait for the collective (no host sync).
+
+    Errors belong to their call: `wait()` raises this call's tag mismatch (see `check_errors`),
+    never another call's, and no other call raises this one's. A handle that failed stays failed:
     every later `wait()` raises the same error and `is_completed()` stays False.
     """
 
-    def __init__(self, finish: Callable[[], None]):
+    def __init__(self, finish: Callable[[], None], entry=None):
         self._finish = finish
+        self._entry = entry  # the call's error record (`_Watched`), on the Triton path
         self._done = False
         self._error: BaseException | None = None
 
     def wait(self, timeout=None) -> bool:
         """Finish the operation; True once the result is in the output tensor. `timeout` is
-        accepted for Work compatibility; the process group's own timeout bounds communication."""
+        accepted for Work compatibility; the process group's own timeout bounds communication.
+        Raises ValueError if this call's tags did not match (its outputs are NaN)."""
         if self._error is not None:
             raise self._error
         if not self._done:
@@ -121,6 +127,9 @@ class Pending:
                 self._error = e
                 raise
             self._done = True
+        if self._entry is not None and _own_error(self._entry) is not None:
+            self._error, self._done = self._entry.error, False
+            _report(self._entry)
         return True
 
     def is_completed(self) -> bool:
@@ -200,6 +209,7 @@ class _Call:
                           self.depth, self.backend if self.compress else None)
         self.fp = _fingerprint(self.signature)
         self.seq = next(_calls)
+        self.record = None  # the error record of this call's kernels (Triton path)
         # the group object itself: a default group re-created after destroy_process_group is a new
         # one, whose agreements and plans (which hold P and the rank) start afresh
         self.pg = _pg.group_object(group)
@@ -358,17 +368,16 @@ class _Plan:
         self.kind, self.signature, self.fp = call.kind, call.signature, call.fp
         self.p, self.rank, self.config, self.backend = call.p, call.rank, call.config, call.backend
         self.device = device
+        # a zero-size message is one slice of empty pieces: only the tags move, as in the others
         pieces = _pieces(chunks, call.depth)
-        if call.kind == "all_gather":
-            pieces = [pc for pc in pieces if pc[0][1] > pc[0][0]]
         self.slices = [_Slice(piece, call.config) for piece in pieces]
         self.scale = 1.0 / self.p if call.op == "avg" else 1.0
         # decoded values beyond this become +-inf (all_gather decodes one rank's values: no sum)
         self.inf_above = math.inf if call.kind == "all_gather" else overflow_threshold(call.config, call.dtype)
-        self.launches = None  # the Triton path's prepared launches, built by its first call (`_prepare`)
+        self.launches = self.graph_launches = None  # the Triton path's prepared launches (`_prepare`)
         self._buffers: dict = {}
         if self.backend == "triton":
-            self.errors = slots.ErrorRecord(device)
+            self.errors = slots.ErrorRecords(device)  # one record per call in flight
             self._build_tables()
 
     def tag(self, stage: int, k: int, j: int) -> bytes:
@@ -445,13 +454,25 @@ class _Plan:
     def _prepare(self, flat: torch.Tensor, dense: torch.Tensor) -> None:
         """Everything the Triton path's calls reuse: per slice the process-group split sizes, the
         schedule of stages, and the three prepared launches (built with this call's tensors;
-        later calls replace the tensor arguments)."""
-        p, rank, cfg = self.p, self.rank, self.config
+        later calls replace the tensor arguments). Stochastic rounding also gets the launches
+        that calls captured in a CUDA graph run (`graph_launches`: seeds salted on the device with
+        `slots.seed_counter`), made now so that no kernel compiles during a capture."""
         n_stages = 3 if self.kind == "all_reduce" else 2
         self.schedule = _schedule(len(self.slices), n_stages)
+        self.launches = self._launches(flat, dense, None)
+        if self.config.stochastic:
+            self.graph_launches = self._launches(flat, dense, slots.seed_counter(self.device))
+
+    def _launches(self, flat: torch.Tensor, dense: torch.Tensor, seq_ptr) -> list:
+        """Per slice its (compress, reduce, decompress) prepared launches (None where the kind has
+        no such stage); `seq_ptr` the device counter stochastic seeds are salted with, or None."""
+        p, rank, cfg = self.p, self.rank, self.config
         bufs = self._new_buffers()
         target, device = target_of(self.device), self.device
-        self.launches = []
+        err = self.errors.claim()  # the launches' template argument; each call passes its own record
+        self.errors.release(err)
+        err = err.tensor
+        launches = []
         for k, (sl, b) in enumerate(zip(self.slices, bufs)):
             compress = decompress = reduce = None
             if self.kind == "all_gather":
@@ -465,7 +486,7 @@ class _Plan:
             launch = compress_slots_launch(flat, b.send, self.desc[k, 0], len(sl.piece), slots.total_tiles(sl.lays),
                                            cfg, target, launch_params("compress", device, flat.dtype, cfg,
                                                                       max(lay.numel for lay in sl.lays)),
-                                           device, elem_align=slots.elem_align(sl.piece))
+                                           device, elem_align=slots.elem_align(sl.piece), seq_ptr=seq_ptr)
             compress = Prepared(launch, (0, 1, 6))
             if self.kind != "all_gather":
                 from ..kernels.reduce import reduce_launch
@@ -474,22 +495,23 @@ class _Plan:
                 dense_reduce = self.kind == "reduce_scatter"
                 own = dense if dense_reduce else b.own
                 strides = (stride, stride // 4, stride if cfg.scales == "dual" else stride // 4)
-                tags = (self.errors.tensor, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot)
+                tags = (err, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot)
                 launch = reduce_launch(b.rows, b.rows, b.rows, strides, p, own, own, own, own, lay.numel, cfg,
                                        self.scale, dense_reduce, target,
                                        launch_params("reduce", device, torch.uint8, cfg, lay.numel), device,
-                                       self.inf_above if dense_reduce else math.inf, tags=tags)
-                reduce = Prepared(launch, (0, 1, 2, 7, 8, 9, 10, 17, 26, 27))
+                                       self.inf_above if dense_reduce else math.inf, tags=tags, seq_ptr=seq_ptr)
+                reduce = Prepared(launch, (0, 1, 2, 7, 8, 9, 10, 17, 21, 26, 27))
             if self.kind != "reduce_scatter":
                 from ..kernels.decompress import decompress_slots_launch
 
-                launch = decompress_slots_launch(b.gathered, dense, self.desc[k, 1], self.errors.tensor, p,
+                launch = decompress_slots_launch(b.gathered, dense, self.desc[k, 1], err, p,
                                                  slots.total_tiles(lays), cfg, target,
                                                  launch_params("decompress", device, dense.dtype, cfg,
                                                                max(lay.numel for lay in lays)),
                                                  device, self.inf_above, elem_align=slots.elem_align(pieces))
-                decompress = Prepared(launch, (0, 1, 9, 10))
-            self.launches.append(tuple(x and x.call for x in (compress, reduce, decompress)))  # plain functions
+                decompress = Prepared(launch, (0, 1, 3, 9, 10))
+            launches.append(tuple(x and x.call for x in (compress, reduce, decompress)))  # plain functions
+        return launches
 
     def _new_buffers(self) -> list:
         """One set of wire buffers per slice (`_Buffers`), from torch.empty."""
@@ -519,15 +541,21 @@ class _Plan:
             bufs = self._buffers[key] = self._new_buffers()
         return bufs
 
-    def run(self, src: torch.Tensor, dst: torch.Tensor, seq: int, group) -> None:
+    def run(self, src: torch.Tensor, dst: torch.Tensor, seq: int, group) -> slots.ErrorRecord:
         """Issue one call on the Triton path: `src` the flat input (all_reduce: also `dst`),
         `dst` the flat output. Runs the precomputed schedule of (stage, slice) steps: slice k+1
-        is compressed and its communication issued before slice k is reduced or decoded."""
+        is compressed and its communication issued before slice k is reduced or decoded.
+        Returns the error record this call's kernels write (for `_finish_call`)."""
         if self.launches is None:
             self._prepare(src, dst)
+        record = self.errors.claim()
+        err = record.tensor
         bufs, launches, slices = self.buffers(), self.launches, self.slices
         cfg, rank, kind = self.config, self.rank, self.kind
         stochastic = cfg.stochastic
+        if stochastic and _graph_seeds(self.device):  # replays must not repeat the captured seeds
+            slots.seed_counter(self.device).add_(1)
+            launches = self.graph_launches
         work = [None] * len(slices)
         for stage, k in self.schedule:
             b = bufs[k]
@@ -543,14 +571,15 @@ class _Plan:
                 work[k].wait()
                 if kind == "reduce_scatter":
                     out = b.dense_of(dst)
-                    reduce(b.rows, b.rows, b.rows, out, out, out, out, cfg.seed, k, seq)
+                    reduce(b.rows, b.rows, b.rows, out, out, out, out, cfg.seed, err, k, seq)
                     continue
                 seed = slots.salt(cfg.seed, self.p + rank, seq) if stochastic else cfg.seed
-                reduce(b.rows, b.rows, b.rows, b.own, b.own, b.own, b.own, seed, k, seq)
+                reduce(b.rows, b.rows, b.rows, b.own, b.own, b.own, b.own, seed, err, k, seq)
                 work[k] = _pg.all_gather(b.gathered, b.own, group, True, compressed=True)
             else:
                 work[k].wait()
-                decompress(b.gathered, dst, k, seq)
+                decompress(b.gathered, dst, err, k, seq)
+        return record
 
     def error(self, record) -> ValueError:
         k, src, got, want, seq = record
@@ -577,14 +606,23 @@ def _plan(call: _Call, chunks: Callable[[], list], device: torch.device, chunk_n
     return plan
 
 
-# Calls on the Triton path whose tag checks have not been read yet: (plan, CUDA event or None,
-# or _IN_GRAPH for work captured in a CUDA graph, which every replay runs again).
+# Calls on the Triton path whose error records are not read yet, in issue order (`_Watched`;
+# entries captured in a CUDA graph stay: every replay writes their record again), and calls
+# whose record held an error that has not been raised yet.
 _unchecked: list = []
+_unreported: list = []
 _IN_GRAPH = "captured in a CUDA graph"
 
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _graph_seeds(device: torch.device) -> bool:
+    """Whether a stochastic call on `device` takes its seeds from the device counter
+    (`slots.seed_counter`): while a CUDA graph is captured, so that every replay rounds afresh.
+    Outside graphs the seeds are the host's, salted with the call number, as before."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _completion(device: torch.device):
@@ -599,87 +637,150 @@ def _completion(device: torch.device):
     return event
 
 
-def _settle(entries, block: bool) -> None:
+class _Watched:
+    """One call's error record in flight: `owner` (the plan or p2p message; it names the error),
+    the `record` only this call's kernels write, `done` (None: the work was complete at issue, as
+    on CPU; a CUDA event; _IN_GRAPH), whether an async handle owns the error (`handle`), and the
+    error once the record was read."""
+
+    __slots__ = ("done", "error", "handle", "owner", "read", "record", "reported")
+
+    def __init__(self, owner, record, done, handle: bool):
+        self.owner, self.record, self.done, self.handle = owner, record, done, handle
+        self.error = None
+        self.read = self.reported = False
+
+
+def _read(entries, block: bool) -> None:
     """Read the error records of those `entries` whose work is complete (all of them with
-    `block`, waiting for each) and drop them; raise the first recorded tag mismatch."""
-    err = None
+    `block`, waiting for it). A record is cleared and given back to its owner only here, after
+    its call's work is complete, so no kernel can still write it; an error read stays with its
+    entry until it is raised (`_report`)."""
     capturing = None  # asked once, only for entries with an event: CPU work has none
-    for entry in entries:
-        plan, event = entry
-        if event is not None:
+    for e in entries:
+        if e.done is not None:
             if capturing is None:
                 capturing = _capturing()
-            if capturing:  # no event query while a CUDA graph is captured; check_errors() reads later
+            if capturing:  # no event query or sync while a CUDA graph is captured
                 continue
-        if event is _IN_GRAPH:  # written by graph replays: read by check_errors() after a device sync
+        if e.done is _IN_GRAPH:  # written by every replay: read after a device sync, never given back
             if block:
                 torch.cuda.synchronize()
-                record = plan.errors.take()
-                if record is not None and err is None:
-                    err = plan.error(record)
+                record = e.record.take()
+                if record is not None:
+                    replay = _Watched(e.owner, None, None, False)
+                    replay.error, replay.read = e.owner.error(record), True
+                    _unreported.append(replay)
             continue
-        if event is not None:
+        if e.done is not None:
             if block:
-                event.synchronize()
-            elif not event.query():  # not done yet: a later call or check_errors() reads it
+                e.done.synchronize()
+            elif not e.done.query():  # not done yet: read later
                 continue
-        if entry in _unchecked:
-            _unchecked.remove(entry)
-        record = plan.errors.take()
-        if record is not None and err is None:
-            err = plan.error(record)
-    if err is not None:
-        raise err
+        _unchecked.remove(e)
+        _take(e)
 
 
-def _watch(owner, device: torch.device):
-    """Register work whose error record `owner.errors` is read once the work is done; on CPU
-    (the interpreter ran it already) it is read at once."""
-    entry = (owner, _completion(device))
-    if entry not in _unchecked:
+def _take(e: _Watched) -> None:
+    """Read a complete call's record, clear it and give it back (its error, if any, kept)."""
+    record = e.record.take()
+    e.owner.errors.release(e.record)
+    e.record, e.read = None, True
+    if record is not None:
+        e.error = e.owner.error(record)
+        _unreported.append(e)
+
+
+def _watched(owner, record, done, handle: bool) -> _Watched:
+    """A call's error record watched from issue: read at once when its work is complete (CPU:
+    the interpreter ran it already), else kept in `_unchecked` until it is."""
+    entry = _Watched(owner, record, done, handle)
+    if done is None:
+        _take(entry)
+    else:
         _unchecked.append(entry)
-    if entry[1] is None:
-        _settle([entry], block=False)
+    return entry
+
+
+def _report(entry: _Watched):
+    """Raise `entry`'s error, which counts as reported from then on."""
+    if not entry.reported:
+        entry.reported = True
+        _unreported.remove(entry)
+    raise entry.error
+
+
+def _watch(owner, record, device: torch.device, handle: bool) -> _Watched:
+    """Register one call's error record (claimed from `owner.errors`), to be read once the call's
+    work is complete: at once on CPU (the interpreter ran it already)."""
+    return _watched(owner, record, _completion(device), handle)
+
+
+def _end_of_call(entry: _Watched | None) -> None:
+    """The error check at the end of a call without a handle: its own error if its work is
+    complete (always on CPU), else the oldest error of an earlier call without a handle whose
+    work completed since (on CUDA, without waiting for anything)."""
+    if _unchecked:
+        _read(list(_unchecked), block=False)  # also gives completed calls' records back
+    if entry is not None and entry.error is not None:
+        _report(entry)
+    for e in _unreported:
+        if not e.handle:
+            _report(e)
+
+
+def _own_error(entry: _Watched) -> BaseException | None:
+    """The error of `entry`'s call, once its work is complete (read without waiting)."""
+    if not entry.read:
+        _read([entry], block=False)
+    return entry.error
 
 
 def check_errors() -> None:
-    """Raise ValueError if a compressed collective found a tag mismatch (ranks that issued
-    different collectives) in work that has not been reported yet.
+    """Raise ValueError if a compressed call found a tag mismatch (ranks that issued different
+    collectives, or p2p ends that disagree) that has not been raised yet.
 
-    On the Triton path the tags are checked on the device and the error surfaces without a host
-    synchronization: at the end of a later call whose earlier work is complete, at `wait()` of an
-    async call's handle once its work is done, or here. This function waits for all compressed
-    collective work issued so far (on CUDA: a host synchronization with it), then reads.
+    Each call's tags are checked on the device into an error record of its own (one per call in
+    flight), read by the host without a synchronization once that call's work is complete:
+
+    - an async call's error is raised by its handle's `wait()` (by every later `wait()` too),
+      never by another call; on CUDA, `wait()` can only see it once the call's work has completed
+      (it does not wait for the device), so a `wait()` issued earlier returns True and a later
+      one, or this function, raises it;
+    - a synchronous call's error is raised at its end on CPU; on CUDA by the first synchronous
+      call that ends after the work completed, or by this function;
+    - calls captured in a CUDA graph: by this function, for the replays run since its last call.
+
+    This function waits for all compressed work issued so far (on CUDA: a host synchronization
+    with it), then raises the oldest error not raised yet (call it again for the next); an async
+    call's handle still raises its own error afterwards. The message names the call (its number),
+    the slice, the rank the message came from and both tags.
 
     Example:
         >>> import taco_triton as taco
         >>> taco.check_errors()  # nothing issued, nothing to report
     """
-    _settle(list(_unchecked), block=True)
+    _read(list(_unchecked), block=True)
+    if _unreported:
+        _report(_unreported[0])
 
 
-def _finish_call(plan: _Plan | None, device: torch.device, async_op: bool):
-    """What follows the issue of a compressed call: the handle (or None) and the error checks."""
+def _finish_call(plan: _Plan | None, device: torch.device, async_op: bool, record=None):
+    """What follows the issue of a compressed call: its error record watched (`record`: the one
+    its kernels write, None on the reference path), then the handle (async) or the error check."""
     event = _completion(device)
-    if plan is None or plan.backend != "triton":
-        entry = None
-    else:
-        entry = (plan, event)
-        if entry not in _unchecked:  # one graph entry per plan, however often it is captured
-            _unchecked.append(entry)
+    entry = None if record is None else _watched(plan, record, event, async_op)
     if not async_op:
-        _settle(list(_unchecked), block=False)
+        _end_of_call(entry)
         return None
-    if entry is not None and len(_unchecked) > 1:
-        _settle([e for e in _unchecked if e is not entry], block=False)
+    if _unchecked:
+        _read(list(_unchecked), block=False)  # gives completed calls' records back; raises nothing
 
     def finish():
         if event is not None and event is not _IN_GRAPH:
             torch.cuda.current_stream().wait_event(event)
-        if entry is not None:
-            _settle([entry], block=False)
 
-    return Pending(finish)
+    return Pending(finish, entry)
 
 
 def _pipeline(pieces, stages) -> None:
@@ -757,8 +858,8 @@ class _Steady:
         plan = self.plan
         if dst.requires_grad:  # invisible to autograd, as native (a view of src when it is dst)
             src, dst = src.detach(), dst.detach()
-        plan.run(src, dst, next(_calls), self.group)
-        return _finish_call(plan, plan.device, async_op)
+        record = plan.run(src, dst, next(_calls), self.group)
+        return _finish_call(plan, plan.device, async_op, record)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -803,6 +904,7 @@ def all_reduce(
 
     Args:
         tensor: any shape, any strides; bf16/fp16/fp32 are compressed, other dtypes run natively.
+            Zero elements are fine on every path, as in torch (only the 4-byte tags move).
         group: process group (None: the default group). On a rank outside it: nothing, None.
         config: `CompressionConfig` (None: the default). `enabled=False`, or a message smaller
             than `min_bytes`, runs the native collective. The message is the whole buffer
@@ -822,7 +924,8 @@ def all_reduce(
             False: never. None: as env TACO_TRITON_CHECK_COLLECTIVES says (default: True).
             Every slot also carries a 4-byte tag of the call checked by the receiving kernel: a
             mismatch makes the outputs it fed NaN and raises ValueError without a host
-            synchronization (see `check_errors`).
+            synchronization, in this call and no other: at its end (sync), at its handle's
+            `wait()` (async); on CUDA once its work is complete (see `check_errors`).
 
     Every rank ends with bitwise-identical values. Groups that held NaN/Inf on any rank are NaN;
     a sum that overflows the dtype is +-inf (see `overflow_threshold`). Autograd does not see the
@@ -841,7 +944,7 @@ def all_reduce(
         return _native(lambda t, a: _pg.all_reduce(t, red, group, a), tensor, call.p if divide else None, async_op)
     plan = _all_reduce_compressed(call, tensor)
     _remember(key, call, plan, (tensor,), config)
-    return _finish_call(plan, tensor.device, async_op)
+    return _finish_call(plan, tensor.device, async_op, call.record)
 
 
 def _all_reduce_compressed(call: _Call, tensor: torch.Tensor) -> _Plan:
@@ -851,7 +954,7 @@ def _all_reduce_compressed(call: _Call, tensor: torch.Tensor) -> _Plan:
     c = _round_up(-(-n // p), SUPERBLOCK_ELEMS)
     plan = _plan(call, lambda: [(min(j * c, n), min((j + 1) * c, n)) for j in range(p)], flat.device)
     if plan.backend == "triton":
-        plan.run(flat, flat, call.seq, call.group)
+        call.record = plan.run(flat, flat, call.seq, call.group)
     else:
         _all_reduce_reference(call, plan, flat)
     if copy_back is not None:
@@ -917,7 +1020,7 @@ def reduce_scatter(
                        output, p if divide else None, async_op)
     plan = _reduce_scatter_compressed(call, output, input)
     _remember(key, call, plan, (output, input), config)
-    return _finish_call(plan, output.device, async_op)
+    return _finish_call(plan, output.device, async_op, call.record)
 
 
 def _detached(*tensors):
@@ -943,7 +1046,7 @@ def _reduce_scatter_compressed(call: _Call, output, input) -> _Plan:
     m = out_flat.numel()
     plan = _plan(call, lambda: [(j * m, (j + 1) * m) for j in range(p)], flat_in.device, chunk_numel=m)
     if plan.backend == "triton":
-        plan.run(flat_in, out_flat, call.seq, call.group)
+        call.record = plan.run(flat_in, out_flat, call.seq, call.group)
     else:
         def launch(kp):
             k, _ = kp
@@ -986,7 +1089,7 @@ def all_gather(
         return _native(lambda t, a: _pg.all_gather(t, input.contiguous(), group, a), output, None, async_op)
     plan = _all_gather_compressed(call, output, input)
     _remember(key, call, plan, (output, input), config)
-    return _finish_call(plan, output.device, async_op)
+    return _finish_call(plan, output.device, async_op, call.record)
 
 
 def _all_gather_compressed(call: _Call, output, input) -> _Plan:
@@ -996,7 +1099,7 @@ def _all_gather_compressed(call: _Call, output, input) -> _Plan:
     m = flat_in.numel()
     plan = _plan(call, lambda: [(0, m)], flat_in.device, chunk_numel=m)
     if plan.backend == "triton":
-        plan.run(flat_in, out_flat, call.seq, call.group)
+        call.record = plan.run(flat_in, out_flat, call.seq, call.group)
     else:
         def launch(kp):
             k, _ = kp

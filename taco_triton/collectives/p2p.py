@@ -7,7 +7,10 @@ of (size, dtype, config) and zero padding to 16 bytes; the receiving kernel chec
 device before its output is used (a mismatch: NaN and ValueError, no host synchronization). One
 launch on each side. The first message of each (peer, signature) is preceded by a handshake of
 fingerprints, so ends that disagree raise ValueError instead of posting receives of the wrong
-size (gloo aborts the process on one). Stochastic rounding gets a fresh seed per message.
+size (gloo aborts the process on one). Neither `isend` nor `irecv` ever blocks: a receive behind a
+handshake is posted as soon as the sender's fingerprint arrives, in issue order (`_handshake`), so
+both ends may post their receives first. Stochastic rounding gets a fresh seed per message, also
+in CUDA graph replays (`slots.seed_counter`).
 
     work = isend(activations, dst=next_rank, config=cfg, min_bytes=0)      # stage s
     work = irecv(buffer, src=prev_rank, config=cfg, min_bytes=0); work.wait()  # stage s + 1
@@ -25,10 +28,10 @@ import torch.distributed as dist
 
 from .. import ops
 from ..config import INPUT_DTYPES, CompressionConfig
-from ..env import check_mode
+from ..kernels import slots
 from ..kernels.slots import salt
 from ..layout import WireLayout
-from . import _pg
+from . import _handshake, _pg
 from . import compressed as _compressed
 from .compressed import DEFAULT_MIN_BYTES
 
@@ -74,14 +77,12 @@ class _Message:
         self.nbytes = -(-(self.layout.nbytes + _TAG) // _ALIGN) * _ALIGN
         self.tag = _tag(self.sig)
         self.device = tensor.device
-        self._encode = self._decode = None
+        self._encode = self._decode = self._encode_graph = None
         if self.backend == "triton":
-            from ..kernels import slots
-
             rows = slots.descriptors([(0, tensor.numel())], [self.layout], [0], [self.nbytes], [self.tag], [0])
             self.desc = slots.table(rows, tensor.device)
             self.tiles = slots.total_tiles([self.layout])
-            self.errors = slots.ErrorRecord(tensor.device)
+            self.errors = slots.ErrorRecords(tensor.device)  # one record per message in flight
 
     def encode(self, flat: torch.Tensor, seed: int) -> torch.Tensor:
         wire = torch.empty(self.nbytes, dtype=torch.uint8, device=flat.device)
@@ -93,19 +94,29 @@ class _Message:
             wire[self.layout.nbytes : self.layout.nbytes + _TAG] = torch.tensor(
                 list(self.tag.to_bytes(4, "little")), dtype=torch.uint8, device=flat.device)
             return wire
-        if self._encode is None:
-            from ..kernels import slots
-            from ..kernels._launch import Prepared, launch_params, target_of
-            from ..kernels.compress import compress_slots_launch
-
-            self._encode = Prepared(compress_slots_launch(
-                flat, wire, self.desc, 1, self.tiles, self.config, target_of(flat.device),
-                launch_params("compress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
-                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 6))
-        self._encode(flat, wire, seed)
+        if self._encode is None:  # with stochastic rounding also the launch CUDA graphs capture
+            self._encode = self._encode_launch(flat, wire, None)
+            if self.config.stochastic:
+                self._encode_graph = self._encode_launch(flat, wire, slots.seed_counter(flat.device))
+        if self.config.stochastic and _compressed._graph_seeds(flat.device):
+            slots.seed_counter(flat.device).add_(1)  # so that every replay rounds with fresh seeds
+            self._encode_graph(flat, wire, seed)
+        else:
+            self._encode(flat, wire, seed)
         return wire
 
-    def decode(self, wire: torch.Tensor, flat: torch.Tensor) -> None:
+    def _encode_launch(self, flat: torch.Tensor, wire: torch.Tensor, seq_ptr):
+        from ..kernels._launch import Prepared, launch_params, target_of
+        from ..kernels.compress import compress_slots_launch
+
+        return Prepared(compress_slots_launch(
+            flat, wire, self.desc, 1, self.tiles, self.config, target_of(flat.device),
+            launch_params("compress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
+            elem_align=slots.elem_align([(0, flat.numel())]), seq_ptr=seq_ptr), (0, 1, 6)).call
+
+    def decode(self, wire: torch.Tensor, flat: torch.Tensor, handle: bool):
+        """Check the tag and decompress: on the Triton path returns the message's error record as
+        watched (`handle`: a receive's Work owns its error); the reference path raises at once."""
         if self.backend != "triton":
             got = int.from_bytes(bytes(wire[self.layout.nbytes : self.layout.nbytes + _TAG].cpu().tolist()), "little")
             if got != self.tag:
@@ -113,18 +124,18 @@ class _Message:
                 raise _mismatch(self.sig, got, self.tag)
             if self.layout.nbytes:
                 ops.decompress_into(wire[: self.layout.nbytes], flat, self.config, self.backend)
-            return
+            return None
+        record = self.errors.claim()
         if self._decode is None:
-            from ..kernels import slots
             from ..kernels._launch import Prepared, launch_params, target_of
             from ..kernels.decompress import decompress_slots_launch
 
             self._decode = Prepared(decompress_slots_launch(
-                wire, flat, self.desc, self.errors.tensor, 1, self.tiles, self.config, target_of(flat.device),
+                wire, flat, self.desc, record.tensor, 1, self.tiles, self.config, target_of(flat.device),
                 launch_params("decompress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
-                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 9, 10))
-        self._decode(wire, flat, 0, 0)
-        _compressed._watch(self, flat.device)
+                elem_align=slots.elem_align([(0, flat.numel())])), (0, 1, 3, 9, 10))
+        self._decode(wire, flat, record.tensor, 0, 0)
+        return _compressed._watch(self, record, flat.device, handle)
 
     def error(self, record) -> ValueError:
         _, _, got, want, _ = record
@@ -172,7 +183,7 @@ def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionCon
     leaves allowed). A tag that does not match this end's (size, dtype, config) raises
     ValueError and leaves NaN in `tensor`: on the Triton path without a host synchronization,
     when the work is done (at once on CPU; on CUDA at a later collective or
-    `taco_triton.check_errors()`)."""
+    `taco_triton.check_errors()`; see there)."""
     if not tensor.is_contiguous():
         raise ValueError(f"decode_into needs a contiguous tensor, got shape {tuple(tensor.shape)} "
                          f"with strides {tensor.stride()}")
@@ -180,86 +191,11 @@ def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionCon
     if wire.dtype != torch.uint8 or wire.dim() != 1 or wire.numel() != m.nbytes:
         raise ValueError(f"decode_into: the wire buffer must be 1-D uint8 with {m.nbytes} bytes for {m.sig}, got "
                          f"{wire.dtype} {tuple(wire.shape)}")
-    m.decode(wire, tensor.detach().view(-1))
+    _compressed._end_of_call(m.decode(wire, tensor.detach().view(-1), handle=False))
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
-
-
-# (peer, group, signature, role) of first messages whose handshake ran and matched.
-_agreed: set = set()
-_HANDSHAKE_TAG = 0x7AC0  # the handshake's messages never match a payload's (tag 0)
-
-
-def _needs_handshake(peer: int, group, sig: tuple, sending: bool, check) -> bool:
-    mode = check_mode(check)
-    return mode == "always" or (mode == "first" and (peer, _pg.group_object(group), sig, sending) not in _agreed)
-
-
-def _handshake_error(role: str, peer: int, sig: tuple, theirs: int, mine: int) -> ValueError:
-    other = "receiver" if role == "sender" else "sender"
-    return ValueError(
-        f"taco_triton.p2p: the {other} (rank {peer}) expects a different message than this {role}'s {sig} "
-        f"(fingerprints {theirs:#x} vs {mine:#x}): both ends must pass the same size, dtype, config and min_bytes"
-    )
-
-
-class _Handshake:
-    """The first compressed message of a signature between two ranks: the sender posts its
-    fingerprint (8 bytes, its own tag) and a receive of the receiver's, and checks them at
-    `wait()`; the receiver compares at `irecv()` time, answers, and raises before posting a
-    receive of a size the sender might not send (gloo aborts the process on a size mismatch)."""
-
-    def __init__(self, peer: int, group, sig: tuple, device, nbytes: int):
-        self.peer, self.group, self.sig, self.device = peer, group, sig, device
-        # (fingerprint, payload bytes): on a mismatch the receiver drains the payload by its size
-        self.mine = torch.tensor([_pg.fingerprint(sig), nbytes], dtype=torch.int64, device=device)
-        self.theirs = torch.empty(2, dtype=torch.int64, device=device)
-        _pg.guard_exit(self.mine)
-
-    def send(self):
-        return [dist.isend(self.mine, self.peer, group=self.group, tag=_HANDSHAKE_TAG),
-                dist.irecv(self.theirs, self.peer, group=self.group, tag=_HANDSHAKE_TAG + 1)]
-
-    def check(self, role: str) -> None:
-        (theirs, their_bytes), (mine, _) = self.theirs.tolist(), self.mine.tolist()  # first message only
-        if theirs != mine:
-            if role == "receiver":  # take the sender's payload off the wire, so no later receive gets it
-                scratch = torch.empty(their_bytes, dtype=torch.uint8, device=self.device)
-                dist.recv(scratch, self.peer, group=self.group)
-            raise _handshake_error(role, self.peer, self.sig, theirs, mine)
-        _agreed.add((self.peer, _pg.group_object(self.group), self.sig, role == "sender"))
-
-    def receive(self) -> None:
-        dist.recv(self.theirs, self.peer, group=self.group, tag=_HANDSHAKE_TAG)
-        dist.send(self.mine, self.peer, group=self.group, tag=_HANDSHAKE_TAG + 1)
-        self.check("receiver")
-
-
-class _SendAfterHandshake:
-    """A first message's send Work: `wait()` checks the receiver's answer, then waits the send."""
-
-    def __init__(self, handshake: _Handshake, works, payload):
-        self._handshake, self._works, self._payload = handshake, works, payload
-        self._error = None
-
-    def wait(self, timeout=None) -> bool:
-        if self._error is not None:
-            raise self._error
-        if self._works:
-            works, self._works = self._works, None
-            for w in works:
-                w.wait()
-            try:
-                self._handshake.check("sender")
-            except ValueError as e:  # the receiver refused: it will not receive the payload
-                self._error = e
-                raise
-        return self._payload.wait()
-
-    def is_completed(self) -> bool:
-        return self._works is None and self._error is None and self._payload.is_completed()
 
 
 def record_send(buffer: torch.Tensor, compressed: bool) -> None:
@@ -270,59 +206,114 @@ def record_send(buffer: torch.Tensor, compressed: bool) -> None:
 
 
 class _DecodeOnWait:
-    """A receive's Work: `wait()` waits for the wire buffer, then checks and decompresses it (once)."""
+    """A receive's Work: `wait()` waits for the wire buffer, then checks and decompresses it (once).
+    A message whose tag did not match makes this and every later `wait()` raise."""
 
     def __init__(self, work, wire, tensor, message):
         self._work, self._wire, self._tensor, self._message = work, wire, tensor, message
+        self._entry = self._error = None
 
     def wait(self, timeout=None) -> bool:
+        if self._error is not None:
+            raise self._error
         if self._wire is not None:
             wire, self._wire = self._wire, None  # once: a gloo p2p Work waited twice blocks
-            self._work.wait()
-            self._message.decode(wire, self._tensor.detach().view(-1))
+            try:
+                self._work.wait()  # a handshake the sender failed raises here
+                self._entry = self._message.decode(wire, self._tensor.detach().view(-1), handle=True)
+            except BaseException as e:  # and the reference path's tag check here
+                self._error = e
+                raise
+        if self._entry is not None and _compressed._own_error(self._entry) is not None:
+            self._error = self._entry.error
+            _compressed._report(self._entry)
         return True
 
     def is_completed(self) -> bool:
-        return self._wire is None
+        return self._wire is None and self._error is None
+
+
+class _SendWork:
+    """A send's Work when a handshake decides it (its own or the open one of its signature's
+    first message): `wait()` waits for the send, then raises if the receiver refused (it drained
+    the payload), at this and every later call."""
+
+    def __init__(self, payload, handshake: _handshake.Handshake):
+        self._payload, self._handshake = payload, handshake
+        self._error = None
+        self._done = False
+
+    def wait(self, timeout=None) -> bool:
+        if self._error is not None:
+            raise self._error
+        if not self._done:
+            try:
+                self._payload.wait()
+            except BaseException as e:
+                self._error = e
+                raise
+            self._done = True
+            if self._handshake.outcome() is not None:
+                self._error = self._handshake.error
+                self._handshake.raised()
+                raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done and self._error is None
 
 
 def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig | None = None, *,
           min_bytes: int | None = None, backend: str = "auto", check=None):
-    """Like `dist.isend` (dst is a global rank); compressed when `should_compress`.
+    """Like `dist.isend` (dst is a global rank); compressed when `should_compress`. Never blocks.
 
     The first message of each (peer, size, dtype, config), compressed or sent natively, is
     preceded by a handshake that checks the receiver expects the same: ValueError at the
-    receiver's `irecv` and at this Work's `wait()` otherwise. Both ends must therefore use this
-    module's `isend` / `irecv` (a plain `dist.irecv` would never answer the handshake). `check` as in the collectives (False: no handshake, "always":
-    before every message); after the first message only the message's tag is checked, on the
-    device."""
+    receiver's `wait()` and at this Work's `wait()` otherwise (both ends' messages of that
+    signature issued before then fail alike). Both ends must therefore use this module's `isend`
+    / `irecv` (a plain `dist.irecv` would never answer the handshake). `check` as in the
+    collectives (False: no handshake, "always": before every message); after the first message
+    only the message's tag is checked, on the device."""
     compress = should_compress(tensor, config, min_bytes, backend)
     sig = signature(tensor, config if compress else None)
-    handshake = works = None
-    if _needs_handshake(dst, group, sig, True, check):
+    key, hs = _handshake.key(dst, group, sig, True), None
+    if _handshake.needs_handshake(key, check):
         nbytes = wire_like(tensor, config).numel() if compress else tensor.numel() * tensor.element_size()
-        handshake = _Handshake(dst, group, sig, tensor.device, nbytes)
-        works = handshake.send()
+        hs = _handshake.Handshake(key, group, tensor.device, nbytes)
+    decides = hs or _handshake.follows(key)
     if compress:
-        wire = encode(tensor, config, backend)
-        record_send(wire, True)
-        work = dist.isend(wire, dst, group=group)
+        buf = encode(tensor, config, backend)
     else:
-        record_send(tensor, False)
-        work = dist.isend(tensor.contiguous(), dst, group=group)
-    return work if handshake is None else _SendAfterHandshake(handshake, works, work)
+        buf = tensor.contiguous()
+    record_send(buf, compress)
+
+    def post():
+        if hs is not None:
+            hs.post()
+        return [dist.isend(buf, dst, group=group)], None
+
+    work = None
+    if _handshake.waiting(key) and dist.get_backend(group) == "nccl":  # NCCL keeps a pair's order
+        work = _handshake.submit(key, post, tensor.device, defer=False)
+    if work is None:
+        if hs is not None:
+            hs.post()
+        work = dist.isend(buf, dst, group=group)
+    return work if decides is None else _SendWork(work, decides)
 
 
 def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig | None = None, *,
           min_bytes: int | None = None, backend: str = "auto", check=None):
     """Like `dist.irecv` into `tensor`; the sender must pass the same config and min_bytes.
-    The returned Work's `wait()` leaves the decompressed message in `tensor`.
+    The returned Work's `wait()` leaves the decompressed message in `tensor`. Never blocks: the
+    receive is posted at once, or, behind a handshake, as soon as the sender's fingerprint has
+    arrived (see `isend`), so both ends may post their receives before their sends.
 
     Raises ValueError at call time, before any message is consumed, for a compressed message into
-    a non-contiguous tensor, or when the handshake (see `isend`) finds the sender disagrees (the
-    first compressed message of a signature from a peer waits here for the sender's isend). A
-    message whose tag does not match (a later mismatch) leaves NaN and raises ValueError at
-    `wait()` on CPU; on CUDA at a later compressed call or `taco_triton.check_errors()`."""
+    a non-contiguous tensor. At `wait()` (this and every later one): ValueError when the
+    handshake finds the sender disagrees (its payload is taken off the wire; `tensor` is left as
+    it was), or when the message's tag does not match (a later mismatch; `tensor` is NaN) - on
+    CUDA the latter once the decode has run (see `taco_triton.check_errors`)."""
     _pg.guard_exit(tensor)
     compress = should_compress(tensor, config, min_bytes, backend)
     if compress and not tensor.is_contiguous():
@@ -330,10 +321,24 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
                          f"shape {tuple(tensor.shape)} with strides {tensor.stride()}; nothing was received")
     m = _message(tensor, config, backend) if compress else None
     sig = m.sig if compress else signature(tensor, None)
-    if _needs_handshake(src, group, sig, False, check):
+    into = torch.empty(m.nbytes, dtype=torch.uint8, device=tensor.device) if compress else tensor
+    key, hs = _handshake.key(src, group, sig, False), None
+    if _handshake.needs_handshake(key, check):
         nbytes = m.nbytes if compress else tensor.numel() * tensor.element_size()
-        _Handshake(src, group, sig, tensor.device, nbytes).receive()
-    if compress:
-        wire = torch.empty(m.nbytes, dtype=torch.uint8, device=tensor.device)
-        return _DecodeOnWait(dist.irecv(wire, src, group=group), wire, tensor, m)
-    return dist.irecv(tensor, src, group=group)
+        hs = _handshake.Handshake(key, group, tensor.device, nbytes)
+    decides = hs or _handshake.follows(key)
+
+    def post():
+        if decides is not None:
+            if hs is not None:
+                hs.post()
+            if decides.outcome() is not None:  # take the sender's payload off the wire, by its size
+                scratch = torch.empty(decides.their_bytes, dtype=torch.uint8, device=tensor.device)
+                return [dist.irecv(scratch, src, group=group)], decides
+        return [dist.irecv(into, src, group=group)], None
+
+    work = _handshake.submit(key, post, tensor.device, defer=decides is not None,
+                             now=hs.post if hs is not None else None)
+    if work is None:
+        work = dist.irecv(into, src, group=group)
+    return _DecodeOnWait(work, into, tensor, m) if compress else work

@@ -95,7 +95,7 @@ def _compress_kernel(
 
 @triton.jit(do_not_specialize=["seed"])
 def _compress_slots_kernel(
-    x_ptr, out_ptr, desc_ptr, h_ptr, h16_ptr, n_chunks, seed,
+    x_ptr, out_ptr, desc_ptr, h_ptr, h16_ptr, n_chunks, seed, seq_ptr,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
@@ -107,9 +107,14 @@ def _compress_slots_kernel(
     desc_ptr: the slots' descriptor rows (`slots.py`). Tiles are dealt to programs across chunks
     (a chunk's tiles start where the previous chunk's ended), so small chunks do not all land on
     the first programs. Chunk j's stochastic seed is `slots.salt(seed, j)` (the caller salts
-    `seed` with the rank, call and slice). ELEM_ALIGN: every piece starts at, and holds, a
-    multiple of this many elements (the launcher checks), so loads keep their vector width.
+    `seed` with the rank, call and slice); with `seq_ptr` (None: not compiled in) `seed` is first
+    salted with the int64 it points to, a counter CUDA graph replays advance on the device
+    (`slots.seed_counter`). ELEM_ALIGN: every piece starts at, and holds, a multiple of this many
+    elements (the launcher checks), so loads keep their vector width.
     """
+    if ROUND == STOCHASTIC:  # noqa: SIM102 - a constexpr test, kept apart from the None test
+        if seq_ptr is not None:
+            seed = salt_in_kernel(seed, tl.load(seq_ptr))
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
@@ -204,12 +209,13 @@ def compress_launches(x, codes, a, b, numel: int, config: CompressionConfig, tar
 
 def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: CompressionConfig, target: Target,
                           params: dict, device: torch.device | None = None, seed: int | None = None,
-                          elem_align: int = 1) -> Launch:
+                          elem_align: int = 1, seq_ptr: torch.Tensor | None = None) -> Launch:
     """The launch that compresses `n_slots` pieces of x into their slots of `out` (uint8 wire
     buffer, slots 16-byte aligned), tags and padding included; `desc` the slots' descriptor table
     (`slots.descriptors`), `n_tiles` their tiles in all, `seed` the salted seed (default: the
     config's), `elem_align` a number of elements every piece's first element and size are
-    multiples of (16 keeps vector loads; 1 assumes nothing)."""
+    multiples of (16 keeps vector loads; 1 assumes nothing), `seq_ptr` a device counter the
+    stochastic seed is salted with on the device (`slots.seed_counter`; None: not used)."""
     if config.scales != "dual" and config.group_size == 256 and params.get("num_warps", 4) < 8:
         # bench/aot.py, sm_90: 4 warps hold 255 registers and spill 64 B here (8 warps: 207, none)
         params = {**params, "num_warps": 8}
@@ -217,7 +223,7 @@ def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: Comp
     meta["ELEM_ALIGN"] = elem_align
     h, h16 = _tables(x.dtype, config, meta, device)
     return Launch(_compress_slots_kernel, n_tiles,
-                  (x, out, desc, h, h16, n_slots, config.seed if seed is None else seed), meta, device)
+                  (x, out, desc, h, h16, n_slots, config.seed if seed is None else seed, seq_ptr), meta, device)
 
 
 def compress_triton(x: torch.Tensor, config: CompressionConfig, out: torch.Tensor | None = None) -> torch.Tensor:

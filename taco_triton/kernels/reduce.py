@@ -31,14 +31,14 @@ from ._common import (
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import load_scales, quantize_store, store_dense, taco_prescale, tile_rows
-from ._slot_io import read_tag, record_error, write_tag
+from ._slot_io import read_tag, record_error, salt_in_kernel, write_tag
 
 
 @triton.jit(do_not_specialize=["seed", "k", "seq"])
 def _reduce_kernel(
     in_codes_ptr, in_a_ptr, in_b_ptr, stride_codes, stride_a, stride_b, n_ranks,
     out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, scale,
-    out_max, inf_above, err_ptr, tag_in, tag_out, tag_pos, tag_end, k, seq, a_off, b_off,
+    out_max, inf_above, err_ptr, tag_in, tag_out, tag_pos, tag_end, k, seq, a_off, b_off, seq_ptr,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
@@ -48,6 +48,9 @@ def _reduce_kernel(
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
+    if ROUND == STOCHASTIC:  # noqa: SIM102 - a constexpr test, kept apart from the None test
+        if seq_ptr is not None:  # CUDA graph replays: a counter they advance (`slots.seed_counter`)
+            seed = salt_in_kernel(seed, tl.load(seq_ptr))
     bad = False
     if TAGGED:  # slotted rows: every rank's row carries tag_in after its tag_pos wire bytes (slots.py)
         # the scale regions are at byte offsets a_off, b_off of each row and of the output slot
@@ -121,7 +124,8 @@ def _row_views(bufs: torch.Tensor, layout: WireLayout):
 
 def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b, target_out, numel: int,
                   config: CompressionConfig, scale: float, dense: bool, target: Target, params: dict,
-                  device: torch.device | None = None, inf_above: float = math.inf, tags=None) -> Launch:
+                  device: torch.device | None = None, inf_above: float = math.inf, tags=None,
+                  seq_ptr: torch.Tensor | None = None) -> Launch:
     """The launch that sums n_ranks wire buffers (element strides `strides` of codes, a, b per rank).
 
     tags: None, or (errors, tag_in, tag_out, slot_end) for the collectives' slotted buffers: each
@@ -130,7 +134,8 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     zero padding up to slot_end. The kernel then finds the scale regions itself, at their byte
     offsets in each row (and in the output slot): in_a, in_b (o_a, o_b) may be the uint8 rows
     (the output slot) themselves, so a call needs no views. The last two arguments, k (slice) and seq (call), name the call
-    in an error record (0 here; the collectives pass theirs per call). Raises ValueError for n_ranks < 1."""
+    in an error record (0 here; the collectives pass theirs per call). seq_ptr: as in
+    `compress.compress_slots_launch`. Raises ValueError for n_ranks < 1."""
     if n_ranks < 1:
         raise ValueError(f"the reduce sums at least one rank's buffer, got n_ranks={n_ranks}")
     layout = WireLayout.of(numel, config)
@@ -150,7 +155,7 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     return Launch(_reduce_kernel, n_tiles,
                   (in_c, in_a, in_b, *strides, n_ranks, o_c, o_a, o_b, target_out, h, h16, numel, layout.n_groups,
                    layout.n_superblocks, n_tiles, config.seed, scale, out_max, inf_above, errors, tag_in, tag_out,
-                   layout.nbytes, tag_end, 0, 0, layout.scale_a_offset, layout.scale_b_offset), meta, device)
+                   layout.nbytes, tag_end, 0, 0, layout.scale_a_offset, layout.scale_b_offset, seq_ptr), meta, device)
 
 
 def reduce_triton(

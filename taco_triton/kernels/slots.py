@@ -8,8 +8,9 @@ device, so one launch handles every slot and the host builds nothing per call.
 
 The tag after a slot is the sender's fingerprint of the call and the slot's place in it
 (`collectives._pg.tag`). The kernels that read a slot compare its tag with the expected one on
-the device: a mismatch makes that slot's outputs NaN and writes an error record into a small
-host-visible buffer (`ErrorRecord`), which the host reads later without blocking.
+the device: a mismatch makes that slot's outputs NaN and writes the call's error record, a small
+host-visible buffer (`ErrorRecord`, one per call in flight), which the host reads later without
+blocking.
 
 This module is the host side and imports no Triton (the collectives import it with the package, and
 Triton must not be imported before a CPU user sets TRITON_INTERPRET); the device side, the same
@@ -59,6 +60,22 @@ def salt(seed: int, *values: int) -> int:
     return h
 
 
+_seed_counters: dict = {}
+
+
+def seed_counter(device: torch.device) -> torch.Tensor:
+    """The int64 counter on `device` that the stochastic seeds of calls captured in a CUDA graph
+    are salted with on the device (the kernels' `seq_ptr`): each such call adds 1 to it, on the
+    device, before its kernels, so every replay rounds with fresh seeds, as torch's graph-safe
+    generators advance their offset. Made once per device (before any capture) and kept, since
+    graphs hold its address."""
+    key = (device.type, device.index)
+    counter = _seed_counters.get(key)
+    if counter is None:
+        counter = _seed_counters[key] = torch.zeros(1, dtype=torch.int64, device=device)
+    return counter
+
+
 def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list[list[int]]:
     """Descriptor rows (host ints) of slots: pieces [(first element, end)], their wire layouts,
     slot byte offsets and strides, tags (uint32 as int) and source ranks."""
@@ -88,23 +105,51 @@ def table(rows: list[list[int]], device) -> torch.Tensor:
 
 
 class ErrorRecord:
-    """A small int64 buffer the kernels write when a tag check fails, readable by the host
-    without a synchronization: host memory (pinned and mapped into the GPU's address space on
-    CUDA, so the kernels write it directly), read through a NumPy view once the work that may
-    have written it is complete."""
+    """One call's error record: ERR_FIELDS int64 the kernels of that call (and no other) write when
+    a tag check fails, readable by the host without a synchronization: host memory (pinned and
+    mapped into the GPU's address space on CUDA, so the kernels write it directly), read through
+    a NumPy view once the call's work is complete. A row of an `ErrorRecords` pool."""
 
-    def __init__(self, device: torch.device):
-        pinned = device.type == "cuda"
-        self.tensor = torch.zeros(ERR_FIELDS, dtype=torch.int64, pin_memory=pinned)
-        self._view = self.tensor.numpy()  # shares memory: reading it is no torch op
-        self.device = device
+    __slots__ = ("_view", "tensor")
+
+    def __init__(self, row: torch.Tensor):
+        self.tensor = row
+        self._view = row.numpy()  # shares memory: reading it is no torch op
 
     def take(self):
         """(slice, source, tag found, tag expected, call number) of a recorded mismatch, clearing
-        it; None when there is none."""
+        it; None when there is none. Only once no kernel may write the record any more."""
         v = self._view
         if not v[0]:
             return None
         out = tuple(int(x) for x in v[1:6])
         v[:] = 0
         return out
+
+
+class ErrorRecords:
+    """The error records of one plan's (or p2p message's) calls in flight: each call claims a zeroed
+    record, its kernels write only that one, and the host gives it back (`release`, after `take`)
+    once the call's work is complete; so no record is cleared while a kernel may write it. More
+    records are made when more calls are in flight than there are free ones (`CHUNK` at a time)."""
+
+    CHUNK = 8
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._free: list[ErrorRecord] = []
+        self._grow()
+
+    def _grow(self) -> None:
+        rows = torch.zeros(self.CHUNK, ERR_FIELDS, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        self._free.extend(ErrorRecord(rows[i]) for i in reversed(range(self.CHUNK)))
+
+    def claim(self) -> ErrorRecord:
+        """A zeroed record for one call."""
+        if not self._free:
+            self._grow()
+        return self._free.pop()
+
+    def release(self, record: ErrorRecord) -> None:
+        """Give back a record whose call's work is complete and which was read (so it is zero)."""
+        self._free.append(record)

@@ -1,0 +1,204 @@
+"""The p2p handshake: the first message of a signature between two ranks, and the order in which
+the receives waiting for it are posted (used by `p2p.isend` / `p2p.irecv`).
+
+The sender posts its fingerprint and payload size (tag `TAG`), a receive of the receiver's
+answer (`TAG + 1`) and the payload, all at once, and compares the answer at `wait()`. The
+receiver cannot post the payload's receive before it knows the sender's size (gloo aborts the
+process when a message is larger than the receive posted for it), and must not block the host
+either: both ends may post their receives before their sends, as pipeline schedules do. So it
+posts its half of the handshake at once and the payload's receive becomes a `Deferred`: one
+thread per peer posts it as soon as the sender's fingerprint has arrived and matched (when it
+does not, the thread takes the sender's payload off the wire into a scratch buffer and the
+receive fails with ValueError), and posts every later receive from that peer behind it, so
+receives still meet the peer's sends in issue order, as if posted at issue. On NCCL, which runs a
+pair's operations in the order they were issued in either direction, the sends to that peer
+queue behind it too. Outside a handshake, with no receive waiting, everything is posted at issue.
+
+A message issued while its (peer, signature)'s handshake is still open follows that handshake's
+outcome instead of shaking hands again, on both ends alike, so both make the same decision
+whenever either one waits. After a failed handshake's error was raised on an end, that end's
+next message of the signature shakes hands again.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..env import check_mode
+from . import _pg
+
+TAG = 0x7AC0  # the handshake's messages never match a payload's (tag 0)
+
+# (peer, group object, signature, sending) -> the Handshake of that key's first message: open or
+# failed (and not raised yet), later messages of the key follow it; matched, they go without one.
+_shaken: dict = {}
+
+
+def key(peer: int, group, sig: tuple, sending: bool) -> tuple:
+    """A message's (peer, group object, signature, sending): `[:2]` names its queue (`submit`)."""
+    return peer, _pg.group_object(group), sig, sending
+
+
+def needs_handshake(key: tuple, check) -> bool:
+    mode = check_mode(check)
+    return mode == "always" or (mode == "first" and key not in _shaken)
+
+
+def follows(key: tuple):
+    """The handshake a message without one of its own must wait for: its key's, unless that matched."""
+    hs = _shaken.get(key)
+    return None if hs is None or hs.matched else hs
+
+
+def _error(role: str, peer: int, sig: tuple, theirs: int, mine: int) -> ValueError:
+    other = "receiver" if role == "sender" else "sender"
+    return ValueError(
+        f"taco_triton.p2p: the {other} (rank {peer}) expects a different message than this {role}'s {sig} "
+        f"(fingerprints {theirs:#x} vs {mine:#x}): both ends must pass the same size, dtype, config and min_bytes"
+    )
+
+
+class Handshake:
+    """One end of a first message's handshake: this end's (fingerprint, payload bytes) out, the
+    other end's in. `post()` posts both (the receiver its receive first: the order NCCL needs on
+    both ends), `outcome()` waits for them once and compares."""
+
+    def __init__(self, key: tuple, group, device, nbytes: int):
+        self.key, self.group = key, group
+        self.peer, _, self.sig, self.sending = key
+        # (fingerprint, payload bytes): on a mismatch the receiver drains the payload by its size
+        self.mine = torch.tensor([_pg.fingerprint(self.sig), nbytes], dtype=torch.int64, device=device)
+        self.theirs = torch.empty(2, dtype=torch.int64, device=device)
+        self.their_bytes = 0
+        self.matched = False
+        self.error: ValueError | None = None
+        self._works = None
+        self._checked = False
+        _pg.guard_exit(self.mine)
+        _shaken[self.key] = self
+
+    def post(self) -> None:
+        """Post this end's two messages (once)."""
+        if self._works is not None:
+            return
+        out = dist.isend(self.mine, self.peer, group=self.group, tag=TAG + (0 if self.sending else 1))
+        into = dist.irecv(self.theirs, self.peer, group=self.group, tag=TAG + (1 if self.sending else 0))
+        self._works = [out, into] if self.sending else [into, out]
+
+    def outcome(self) -> ValueError | None:
+        """Wait for both messages (once; a host read of 16 bytes, first message only) and compare:
+        None when both ends expect the same message, else the ValueError naming both."""
+        if not self._checked:
+            for w in self._works:
+                w.wait()
+            (theirs, self.their_bytes), (mine, _) = self.theirs.tolist(), self.mine.tolist()
+            if theirs != mine:
+                self.error = _error("sender" if self.sending else "receiver", self.peer, self.sig, theirs, mine)
+            self.matched, self._checked = theirs == mine, True
+        return self.error
+
+    def raised(self) -> None:
+        """Its error reached the user on this end: this end's next message of the key shakes hands
+        again."""
+        if _shaken.get(self.key) is self:
+            del _shaken[self.key]
+
+
+class Deferred:
+    """An operation with a peer posted later, in issue order, by that peer's thread (`submit`).
+    `post()` posts it and returns (works, failed): the Works to wait for and a Handshake whose
+    error the operation ends with, or None. `wait()` waits until it is posted, then for its works,
+    then raises the handshake's error, or whatever posting raised, at this and every later call."""
+
+    def __init__(self, post: Callable[[], tuple], device: torch.device):
+        self._post = post
+        self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None  # the issuer's
+        self._posted = threading.Event()
+        self._works: list = []
+        self._failed = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+                self._works, self._failed = self._post()
+        except BaseException as e:  # noqa: BLE001 - handed to wait()
+            self._error = e
+        self._posted.set()
+
+    def fail(self, error: BaseException) -> None:
+        """End without posting (an earlier operation with the peer could not be posted)."""
+        self._error = error
+        self._posted.set()
+
+    def wait(self, timeout=None) -> bool:
+        self._posted.wait()
+        works, self._works = self._works, []  # once: a gloo p2p Work waited twice blocks
+        for w in works:
+            w.wait()
+        if self._failed is not None:
+            self._error, failed, self._failed = self._failed.error, self._failed, None
+            failed.raised()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._posted.is_set() and self._error is None and self._failed is None and all(
+            w.is_completed() for w in self._works)
+
+
+# (peer, group object) -> deque of the Deferred not posted yet; a thread drains each (`_drain`)
+_queues: dict = {}
+_lock = threading.Lock()
+
+
+def submit(key: tuple, post: Callable[[], tuple], device: torch.device, defer: bool,
+           now: Callable[[], None] | None = None) -> Deferred | None:
+    """Queue `post` (see `Deferred`) behind the operations with the peer that wait (`key`: the
+    message's, or (peer, group object)), or, with `defer`, start a queue with it: a Deferred.
+    None when nothing waits and not `defer`: the caller posts at once. `now` runs at once when
+    this starts a queue (what of a deferred operation can be posted before it)."""
+    key = key[:2]
+    with _lock:
+        q = _queues.get(key)
+        if q is None and not defer:
+            return None
+        d = Deferred(post, device)
+        if q is not None:
+            q.append(d)
+            return d
+        if now is not None:
+            now()
+        _queues[key] = q = deque([d])
+    threading.Thread(target=_drain, args=(key, q), name=f"taco_triton p2p {key[0]}", daemon=True).start()
+    return d
+
+
+def waiting(key: tuple) -> bool:
+    """Whether operations with the peer of `key` wait in a queue (a new one must queue behind them)."""
+    return key[:2] in _queues
+
+
+def _drain(key, q: deque) -> None:
+    """Post the queue's operations in order, each once the one before it is posted."""
+    broken = None
+    while True:
+        with _lock:
+            if not q:
+                del _queues[key]
+                return
+            d = q[0]
+        if broken is None:
+            d.run()
+            broken = d._error  # a receive that could not be posted: the later ones would meet the wrong messages
+        else:
+            d.fail(RuntimeError(f"taco_triton.p2p: not posted, an earlier operation with rank {key[0]} failed: "
+                                f"{broken}"))
+        with _lock:
+            q.popleft()
