@@ -1,7 +1,7 @@
-"""Regressions of the third adversarial pass (issue "never silently wrong, round three"), items
-2-5: zero-size collectives, p2p receives posted first on both ends, errors raised by the call
-they belong to, fresh stochastic seeds in CUDA graph replays (the device side of it here; the
-replays themselves in tests/test_cuda_graphs.py). Each test is named for the behaviour that
+"""Collectives that neither crash, hang nor blame the wrong call: zero-size collectives, p2p
+receives posted first on both ends, errors raised by the call they belong to, fresh stochastic
+seeds in CUDA graph replays (the device side of it here; the replays themselves in
+tests/test_cuda_graphs.py). Each test is named for the behaviour that
 failed before the fix; the multi-rank ones run on 2 gloo ranks with a short process-group
 timeout, so a regression into a hang fails instead of stalling the suite."""
 import pytest
@@ -10,7 +10,7 @@ import torch
 from taco_triton.collectives import compressed, p2p
 from taco_triton.kernels import slots
 
-from . import findings_round3_cases as cases
+from . import collective_reliability_cases as cases
 from .collective_cases import two_quantization_bound
 from .dist_utils import run_ranks
 

@@ -1,4 +1,4 @@
-"""Per-rank bodies of tests/test_findings_round3.py (module-level: spawned ranks import them)."""
+"""Per-rank bodies of tests/test_collective_reliability.py (module-level: spawned ranks import them)."""
 from __future__ import annotations
 
 import torch
