@@ -15,7 +15,7 @@ from .collective_cases import two_quantization_bound
 from .dist_utils import run_ranks
 
 
-# ----------------------------------------------------------------------------- finding 2
+# ------------------------------------------------------------------ zero-size collectives
 @pytest.fixture(scope="module")
 def session():
     return run_ranks(cases.collectives, 2, pg_timeout_s=20, timeout_s=300)
@@ -54,7 +54,7 @@ def test_zero_size_collective_through_a_compressing_group(zero, kind):
     assert all(report[f"group-{kind}"] == "ok" for report in zero), [r[f"group-{kind}"] for r in zero]
 
 
-# ----------------------------------------------------------------------------- finding 4
+# ------------------------------------------------------- errors belong to their call
 @pytest.fixture(scope="module")
 def attribution(session):
     return _scenario(session, "attribution")
@@ -112,7 +112,7 @@ def test_p2p_tag_error_stays_raised_on_every_wait(attribution, backend):
     assert attribution[1][f"p2p_tag_nan_{backend}"]
 
 
-# ----------------------------------------------------------------------------- finding 5
+# -------------------------------------------- stochastic seeds from the device counter
 @pytest.fixture(scope="module")
 def graph_seeds(session):
     return _scenario(session, "graph_seeds")
@@ -162,7 +162,7 @@ def test_p2p_encode_salts_the_seed_with_the_device_counter(monkeypatch, rounding
     assert torch.equal(wires[0], m.encode(x, slots.salt(77, counter - 1)))
 
 
-# ----------------------------------------------------------------------------- finding 3
+# ---------------------------------------------------- p2p receives that never block
 @pytest.fixture(scope="module")
 def receives_first():
     # a 10 s process-group timeout: before the fix both ranks blocked in irecv until it. The
