@@ -62,7 +62,7 @@ demo: $(STAMP)
 # The suite runs on TEST_WORKERS processes (pytest-xdist; 2 = the cores of the machines it is
 # sized for). Tests that share an expensive module fixture stay on one worker (conftest.py).
 TEST_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) --dist loadgroup
+XDIST = -n $(TEST_WORKERS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q --timeout=900 $(XDIST)

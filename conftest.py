@@ -48,10 +48,28 @@ def _doctest_names(doctest_namespace):
     doctest_namespace.update(torch=torch, taco=taco_triton, **{n: getattr(taco_triton, n) for n in taco_triton.__all__})
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test`), tests that use a module-scoped fixture (a training run,
-    a megatron set-up, compiled kernels) go to one worker, so that fixture is built once."""
-    for item in items:
-        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        if any(d.scope == "module" for fds in defs.values() for d in fds):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+def _module_fixture_files(rootdir) -> set:
+    """Test files that define a module-scoped fixture (a training run, a multi-rank session,
+    compiled kernels): each must run on one worker, so that its fixture is built once."""
+    import pathlib
+    import re
+
+    scoped = re.compile(r"@pytest\.fixture\([^)]*scope=[\"']module[\"']")
+    root = pathlib.Path(rootdir)
+    return {str(p.relative_to(root)) for p in (root / "tests").glob("test_*.py") if scoped.search(p.read_text())}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (`make test`): the tests of a file with a module-scoped fixture go to one
+    worker together; every other test is scheduled on its own. (xdist's own `loadgroup` reads
+    `xdist_group` markers into node ids, which pytest 9 no longer takes from `item._nodeid`.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    grouped = _module_fixture_files(config.rootpath)
+
+    class ModuleFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in grouped else nodeid
+
+    return ModuleFixtureScheduling(config, log)
