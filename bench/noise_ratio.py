@@ -61,13 +61,15 @@ from taco_triton.examples.ranks import spawn_ranks  # noqa: E402
 #: The compressed modes measured (train_gpt's), each also with stochastic rounding ("-sr").
 MODES = ("fp8", "int8", "int6", "int4", "int4-fwd", "int4-bwd")
 SR_MODES = ("fp8", "int8", "int6", "int4")
-#: train_gpt arguments of each model (TP=2, the size the convergence benchmark trains).
+#: train_gpt arguments of each model at TP=2 (TinyGPT and Llama at the size the convergence
+#: benchmark trains), the steps at which it is measured, and K.
 SMALL = ["--layers", "2", "--hidden", "128", "--heads", "4", "--ffn", "512", "--seq", "64", "--batch", "8"]
 MODELS = {
-    "tinygpt": SMALL,
-    "llama": ["--dtensor", *SMALL],
-    # fine-tuning a pretrained encoder: a fine-tuning learning rate, and its text in WordPiece tokens
-    "minilm": ["--minilm", "--seq", "128", "--batch", "8", "--lr", "1e-4", "--data-bytes", str(2 << 20)],
+    "tinygpt": (SMALL, (0, 100, 1000), 16),
+    "llama": (["--dtensor", *SMALL], (0, 100, 1000), 16),
+    # fine-tuning a pretrained encoder: a fine-tuning learning rate, its text in WordPiece tokens;
+    # K=8: a gradient costs ~30x TinyGPT's on CPU
+    "minilm": (["--minilm", "--seq", "128", "--batch", "8", "--lr", "1e-4", "--data-bytes", str(2 << 20)], (0, 100), 8),
 }
 QUICK = ["--layers", "1", "--hidden", "32", "--heads", "2", "--ffn", "64", "--seq", "16", "--batch", "2",
          "--data-bytes", "65536"]
@@ -230,9 +232,9 @@ def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated from {list(MODELS)}")
-    ap.add_argument("--points", default="0,1000", help="training steps at which to measure (0: the initial weights)")
-    ap.add_argument("--minilm-points", default="0,200", help="the same for minilm (0: the pretrained weights)")
-    ap.add_argument("--k", type=int, default=16, help="minibatches per measurement (K >= 2)")
+    ap.add_argument("--points", default=None,
+                    help="training steps at which to measure (0: the initial or pretrained weights); default per model")
+    ap.add_argument("--k", type=int, default=None, help="minibatches per measurement (K >= 2); default per model")
     ap.add_argument("--modes", default=",".join(MODES), help="compressed modes, as train_gpt's --compress")
     ap.add_argument("--sr-modes", default=",".join(SR_MODES), help="modes measured with stochastic rounding too")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights, the training and the probe's batches")
@@ -241,22 +243,22 @@ def main(argv=None) -> pd.DataFrame:
     args = ap.parse_args(argv)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     modes, sr_modes = split(args.modes), split(args.sr_modes)
-    models, points, minilm_points = split(args.models), sorted({int(p) for p in split(args.points)}), \
-        sorted({int(p) for p in split(args.minilm_points)})
+    models = split(args.models)
+    points = sorted({int(p) for p in split(args.points)}) if args.points else None
     if args.quick:
         models, points, args.k, modes, sr_modes = ["tinygpt"], [0, 2], 3, ["fp8", "int4"], ["int4"]
     unknown = [m for m in models if m not in MODELS] + [m for m in modes + sr_modes if m not in MODES]
     if unknown:
         raise SystemExit(f"unknown model or mode {unknown}; models {list(MODELS)}, modes {list(MODES)}")
-    if args.k < 2:
+    if args.k is not None and args.k < 2:
         raise SystemExit(f"--k must be >= 2 (s is a spread over K minibatches), got {args.k}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the two ranks share the cores
     commit = git_commit()
     frames = []
     for name in models:
-        train_args = QUICK if args.quick else MODELS[name]
-        frames.append(run_model(name, train_args, minilm_points if name == "minilm" else points, args.k, modes,
-                                sr_modes, args.seed))
+        train_args, model_points, k = MODELS[name]
+        frames.append(run_model(name, QUICK if args.quick else train_args, points or model_points, args.k or k,
+                                modes, sr_modes, args.seed))
     df = flag_unmeasurable(pd.concat(frames, ignore_index=True))
     df["machine"], df["commit"] = platform.node() or "unknown", commit
     df["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
