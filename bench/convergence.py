@@ -19,8 +19,8 @@ deltas are judged against.
 
 CSV (one row per mode and seed): model, mode ("none" for bf16, else the codec's mode), seed, steps,
 final_val_loss, delta_vs_none_pct, wire_vs_none, args, machine, commit, date. The curves CSV holds
-every logged step of every run (model, mode, seed, step, train_loss, val_loss, wire_bytes, step_ms,
-...); the plot is drawn from it. Step times are CPU timings on a shared machine, not a speed result.
+every evaluated step of every run (model, mode, seed, step, train_loss, val_loss, wire_bytes,
+step_ms, ...); the plot is drawn from it. Step times are CPU timings on a shared machine, not a speed result.
 """
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def main(argv=None) -> pd.DataFrame:
     runs = paired(runs).assign(steps=args.steps, args=" ".join(passthrough), **stamp)
     runs = runs[["model", "mode", "seed", "steps", "final_val_loss", "delta_vs_none_pct", "wire_vs_none",
                  "step_ms_median", "args", "machine", "commit", "date"]]
-    curves = curves.assign(**stamp)
+    curves = curves.dropna(subset=["val_loss"]).assign(**stamp)  # the evaluated steps: what the plot draws
     for path, df in ((args.csv, runs), (args.curves_csv, curves)):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ minibatch gradient, measured against the noise SGD's minibatch gradient already 
 
     python bench/noise_ratio.py --csv bench/results/noise_ratio.csv      # TinyGPT, Llama (DTensor), MiniLM
     python bench/noise_ratio.py --quick                                  # a few seconds: a tiny TinyGPT
+    python bench/noise_ratio.py --csv bench/results/noise_ratio.csv --plot docs/figures/noise_ratio.png --plot-only
 
 Each model trains with `taco_triton.examples.train_gpt` (TP=2, gloo ranks on CPU, native bf16
 communication: mode "none") and, at each step of `--points` (0: before the first step), a probe
@@ -228,6 +229,37 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_index(key=lambda ix: ix.map(order) if ix.name == "mode" else ix)
 
 
+def plot(df: pd.DataFrame, path: str) -> None:
+    """e/s per mode (log scale): a bar per model and step for the whole model, a dot for the largest
+    over its tensors with a measurable s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = summary(df).reset_index()
+    modes = [m for m in ["bf16", *MODES, *(m + "-sr" for m in SR_MODES)] if m in set(table["mode"])]
+    groups = list(table[["model", "step"]].drop_duplicates().itertuples(index=False, name=None))
+    width = 0.8 / len(groups)
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    for i, (model, step) in enumerate(groups):
+        t = table[(table.model == model) & (table.step == step)].set_index("mode").reindex(modes)
+        x = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(modes))]
+        bars = ax.bar(x, t.e_over_s_all, width, label=f"{model}, step {step}")
+        ax.plot(x, t.e_over_s_max_tensor, ".", color=bars.patches[0].get_facecolor(), markersize=5)
+    ax.set_yscale("log")
+    for y in (0.1, 1.0):
+        ax.axhline(y, color="black", lw=0.7, ls="--")
+    ax.set_xticks(range(len(modes)), modes)
+    ax.set(ylabel="e / s", title="compression noise e over SGD noise s, TP=2: bars whole model, dots worst tensor")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,7 +272,14 @@ def main(argv=None) -> pd.DataFrame:
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights, the training and the probe's batches")
     ap.add_argument("--quick", action="store_true", help="a tiny TinyGPT, 2 steps, K=3, fp8 and int4: seconds")
     ap.add_argument("--csv", default=None, help="write every row here")
+    ap.add_argument("--plot", default=None, help="draw e/s per mode into this PNG (needs matplotlib)")
+    ap.add_argument("--plot-only", action="store_true", help="measure nothing: redraw --plot from --csv")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        if not (args.plot and args.csv):
+            ap.error("--plot-only needs --plot and --csv")
+        plot(pd.read_csv(args.csv), args.plot)
+        return pd.DataFrame()
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     modes, sr_modes = split(args.modes), split(args.sr_modes)
     models = split(args.models)
@@ -265,6 +304,8 @@ def main(argv=None) -> pd.DataFrame:
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.csv, index=False)
+    if args.plot:
+        plot(df, args.plot)
     pd.set_option("display.width", 250)
     print("compression noise e over SGD noise s (TP=2, every TP collective compressed):")
     print(summary(df).round(4).to_string())
