@@ -63,14 +63,17 @@ from taco_triton.examples.ranks import spawn_ranks  # noqa: E402
 MODES = ("fp8", "int8", "int6", "int4", "int4-fwd", "int4-bwd")
 SR_MODES = ("fp8", "int8", "int6", "int4")
 #: train_gpt arguments of each model at TP=2 (TinyGPT and Llama at the size the convergence
-#: benchmark trains), the steps at which it is measured, and K.
+#: benchmark trains; the training batch is 8 sequences), the steps at which it is measured, K, and
+#: the minibatch sizes measured (sequences).
 SMALL = ["--layers", "2", "--hidden", "128", "--heads", "4", "--ffn", "512", "--seq", "64", "--batch", "8"]
 MODELS = {
-    "tinygpt": (SMALL, (0, 100, 1000), 16),
-    "llama": (["--dtensor", *SMALL], (0, 100, 1000), 16),
+    # also at 4x the training batch: s falls as 1 / sqrt(batch), e's part common to all batches does not
+    "tinygpt": (SMALL, (0, 100, 1000), 16, (8, 32)),
+    "llama": (["--dtensor", *SMALL], (0, 100, 1000), 16, (8,)),
     # fine-tuning a pretrained encoder: a fine-tuning learning rate, its text in WordPiece tokens;
     # K=8: a gradient costs ~30x TinyGPT's on CPU
-    "minilm": (["--minilm", "--seq", "128", "--batch", "8", "--lr", "1e-4", "--data-bytes", str(2 << 20)], (0, 100), 8),
+    "minilm": (["--minilm", "--seq", "128", "--batch", "8", "--lr", "1e-4", "--data-bytes", str(2 << 20)], (0, 100), 8,
+               (8,)),
 }
 QUICK = ["--layers", "1", "--hidden", "32", "--heads", "2", "--ffn", "64", "--seq", "16", "--batch", "2",
          "--data-bytes", "65536"]
@@ -128,8 +131,9 @@ class NoiseProbe:
     """`train_gpt._train`'s probe: at each step of `points`, K minibatches' gradients under the
     baseline and under every `Measure`; rank 0 keeps the rows."""
 
-    def __init__(self, model_name: str, points, k: int, batch: int, seed: int, settings: list[Measure]):
-        self.model_name, self.points, self.k, self.batch, self.seed = model_name, set(points), k, batch, seed
+    def __init__(self, model_name: str, points, k: int, batches, seed: int, settings: list[Measure]):
+        self.model_name, self.points, self.k, self.seed = model_name, set(points), k, seed
+        self.batches = (batches,) if isinstance(batches, int) else tuple(batches)  # sequences per minibatch
         self.settings, self.rows = settings, []
 
     def _grads(self, model, policy, setting, x, y, device):
@@ -140,14 +144,18 @@ class NoiseProbe:
         return full_grads(model), float(loss.detach())
 
     def __call__(self, step, model, policy, data) -> None:
-        if step not in self.points:
-            return
+        if step in self.points:
+            for batch in self.batches:
+                self._measure(step, batch, model, policy, data)
+
+    def _measure(self, step, batch, model, policy, data) -> None:
         device = next(model.parameters()).device
         rank0 = not dist.is_initialized() or dist.get_rank() == 0
-        gen = torch.Generator().manual_seed(1_000_003 * (self.seed + 1) + step)  # apart from training's batches
+        # batches apart from the training's: a generator of their own
+        gen = torch.Generator().manual_seed(1_000_003 * (self.seed + 1) + 1009 * step + batch)
         saved = Measure("saved", policy.default, policy.forward, policy.backward, policy.comm_dtype)
         baseline = Measure("baseline", None, True, True, policy.comm_dtype)
-        batches = [data.batch("train", self.batch, gen) for _ in range(self.k)]
+        batches = [data.batch("train", batch, gen) for _ in range(self.k)]
         try:
             exact, losses = [], []  # the baseline's gradients of the K batches (kept on rank 0 only)
             for x, y in batches:
@@ -170,9 +178,9 @@ class NoiseProbe:
         finally:
             saved.apply(policy)
         if rank0:
-            self._rows(step, exact, deltas, sum(losses) / len(losses), batches[0][0].numel())
+            self._rows(step, batch, exact, deltas, sum(losses) / len(losses), batches[0][0].numel())
 
-    def _rows(self, step, exact, deltas, loss, tokens) -> None:
+    def _rows(self, step, batch, exact, deltas, loss, tokens) -> None:
         k, names = self.k, list(exact[0])
         mean = {n: sum(g[n].double() for g in exact) / k for n in names}
         s2 = {n: sum(float((g[n].double() - mean[n]).square().sum()) for g in exact) / (k - 1) for n in names}
@@ -181,7 +189,7 @@ class NoiseProbe:
             common = dict(model=self.model_name, step=step, mode=m.mode, direction=m.direction,
                           codec=cfg.codec if cfg else "bf16", group_size=cfg.group_size if cfg else float("nan"),
                           hadamard=cfg.hadamard if cfg else float("nan"),
-                          rounding=cfg.rounding if cfg else "nearest", k=k, batch=self.batch, tokens=tokens,
+                          rounding=cfg.rounding if cfg else "nearest", k=k, batch=batch, tokens=tokens,
                           loss=loss)
             for n in [*names, "all"]:
                 part = names if n == "all" else [n]
@@ -197,12 +205,12 @@ def rank_main(rank: int, world: int, port: int, args, probe: NoiseProbe, queue) 
     queue.put((rank, probe.rows))
 
 
-def run_model(name: str, train_args: list[str], points, k: int, modes, sr_modes, seed: int) -> pd.DataFrame:
+def run_model(name: str, train_args: list[str], points, k: int, batches, modes, sr_modes, seed: int) -> pd.DataFrame:
     args = train_gpt.parser().parse_args([*train_args, "--tp", "2", "--steps", str(max(points)), "--seed", str(seed),
                                           "--eval-every", str(10**9), "--eval-batches", "1", "--min-bytes", "0",
                                           "--quiet"])
     args.axes, args.label = ("tp",), "none"
-    probe = NoiseProbe(name, points, k, args.batch, seed, measures(modes, sr_modes, args))
+    probe = NoiseProbe(name, points, k, batches or args.batch, seed, measures(modes, sr_modes, args))
     print(f"{name}: training {max(points)} steps, measuring at steps {sorted(points)} (K={k}) ...", flush=True)
     return pd.DataFrame(spawn_ranks(rank_main, args.tp, args, probe)[0])
 
@@ -212,16 +220,19 @@ def flag_unmeasurable(df: pd.DataFrame, floor: float = 0.5) -> pd.DataFrame:
     factor 1/floor of what bf16 communication alone changes their gradient by (the "bf16" rows' e/s):
     there s is rounding noise, not minibatch noise (a gradient that is zero in exact arithmetic, such as
     an attention key's bias, which the softmax cancels), and e/s says nothing."""
-    floor_rows = df[df["mode"] == "bf16"].set_index(["model", "step", "tensor"]).e_over_s
-    key = pd.MultiIndex.from_frame(df[["model", "step", "tensor"]])
+    keys = ["model", "step", "batch", "tensor"]
+    floor_rows = df[df["mode"] == "bf16"].set_index(keys).e_over_s
+    key = pd.MultiIndex.from_frame(df[keys])
     return df.assign(s_measurable=(floor_rows.reindex(key).to_numpy() < floor) | (df.tensor == "all").to_numpy())
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per model, step and mode: e/s of the whole model, the largest over its tensors (those with a
-    measurable s), and how much of the error is common to all K batches (1: independent, sqrt(K): fixed)."""
-    whole = df[df.tensor == "all"].set_index(["model", "step", "mode"])
-    per = df[(df.tensor != "all") & df.s_measurable].groupby(["model", "step", "mode"])
+    """Per model, step, batch size and mode: e/s of the whole model, the largest over its tensors (those
+    with a measurable s), and how much of the error is common to all K batches (1: independent,
+    sqrt(K): fixed)."""
+    keys = ["model", "step", "batch", "mode"]
+    whole = df[df.tensor == "all"].set_index(keys)
+    per = df[(df.tensor != "all") & df.s_measurable].groupby(keys)
     out = pd.DataFrame({"e_over_s_all": whole.e_over_s, "e_over_s_max_tensor": per.e_over_s.max(),
                         "worst_tensor": per.apply(lambda t: t.loc[t.e_over_s.idxmax(), "tensor"], include_groups=False),
                         "common_part": whole.e_mean * whole.k ** 0.5 / whole.e, "loss": whole.loss})
@@ -230,8 +241,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(df: pd.DataFrame, path: str) -> None:
-    """e/s per mode (log scale): a bar per model and step for the whole model, a dot for the largest
-    over its tensors with a measurable s."""
+    """e/s per mode (log scale), a panel per model: a bar per step and batch size for the whole model,
+    a dot for the largest over its tensors with a measurable s."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,24 +250,27 @@ def plot(df: pd.DataFrame, path: str) -> None:
 
     table = summary(df).reset_index()
     modes = [m for m in ["bf16", *MODES, *(m + "-sr" for m in SR_MODES)] if m in set(table["mode"])]
-    groups = list(table[["model", "step"]].drop_duplicates().itertuples(index=False, name=None))
-    width = 0.8 / len(groups)
-    fig, ax = plt.subplots(figsize=(12, 4.5))
-    for i, (model, step) in enumerate(groups):
-        t = table[(table.model == model) & (table.step == step)].set_index("mode").reindex(modes)
-        x = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(modes))]
-        bars = ax.bar(x, t.e_over_s_all, width, label=f"{model}, step {step}")
-        ax.plot(x, t.e_over_s_max_tensor, ".", color=bars.patches[0].get_facecolor(), markersize=5)
-    ax.set_yscale("log")
-    for y in (0.1, 1.0):
-        ax.axhline(y, color="black", lw=0.7, ls="--")
-    ax.set_xticks(range(len(modes)), modes)
-    ax.set(ylabel="e / s", title="compression noise e over SGD noise s, TP=2: bars whole model, dots worst tensor")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    models = list(dict.fromkeys(table.model))
+    fig, axes = plt.subplots(len(models), 1, figsize=(12, 3.4 * len(models)), sharex=True, squeeze=False)
+    for ax, model in zip(axes[:, 0], models):
+        mt = table[table.model == model]
+        groups = list(mt[["step", "batch"]].drop_duplicates().itertuples(index=False, name=None))
+        width = 0.8 / len(groups)
+        for i, (step, batch) in enumerate(groups):
+            t = mt[(mt.step == step) & (mt.batch == batch)].set_index("mode").reindex(modes)
+            x = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(modes))]
+            bars = ax.bar(x, t.e_over_s_all, width, label=f"step {step}, batch {batch}")
+            ax.plot(x, t.e_over_s_max_tensor, ".", color=bars.patches[0].get_facecolor(), markersize=5)
+        ax.set_yscale("log")
+        for y in (0.1, 1.0):
+            ax.axhline(y, color="black", lw=0.7, ls="--")
+        ax.set(ylabel="e / s", title=f"{model}, TP=2: bars the whole model, dots its worst tensor")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, ncol=3)
+    axes[-1, 0].set_xticks(range(len(modes)), modes)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -295,9 +309,9 @@ def main(argv=None) -> pd.DataFrame:
     commit = git_commit()
     frames = []
     for name in models:
-        train_args, model_points, k = MODELS[name]
+        train_args, model_points, k, batches = MODELS[name]
         frames.append(run_model(name, QUICK if args.quick else train_args, points or model_points, args.k or k,
-                                modes, sr_modes, args.seed))
+                                None if args.quick else batches, modes, sr_modes, args.seed))
     df = flag_unmeasurable(pd.concat(frames, ignore_index=True))
     df["machine"], df["commit"] = platform.node() or "unknown", commit
     df["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()

@@ -37,7 +37,7 @@ def test_noise_statistics_follow_their_definitions():
     em2 = {n: float((sum(dk[n].double() for dk in d) / k).square().sum()) for n in shapes}
     setting = noise_ratio.Measure("fp8", None, True, True, None)
     probe = noise_ratio.NoiseProbe("m", [0], k, 2, 0, [setting])
-    probe._rows(0, exact, {"fp8": (d_sq, em2)}, loss=1.0, tokens=8)
+    probe._rows(0, 2, exact, {"fp8": (d_sq, em2)}, loss=1.0, tokens=8)
     rows = pd.DataFrame(probe.rows).set_index("tensor")
     for part in (["a"], ["b"], ["a", "b"]):
         stack = {n: torch.stack([x[n].double() for x in exact]) for n in part}
@@ -51,7 +51,7 @@ def test_noise_statistics_follow_their_definitions():
 
 def test_a_tensor_whose_sgd_noise_is_bf16_rounding_is_left_out_of_the_maximum():
     rows = pd.DataFrame([
-        dict(model="m", step=0, mode=mode, tensor=t, e_over_s=r)
+        dict(model="m", step=0, batch=8, mode=mode, tensor=t, e_over_s=r)
         for mode, per in (("bf16", {"w": 0.001, "key.bias": 2.0, "all": 0.001}), ("fp8", {"w": 0.1, "key.bias": 9.0,
                                                                                          "all": 0.1}))
         for t, r in per.items()])
