@@ -35,6 +35,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autotune.meta import git_commit  # noqa: E402
+from plots import pyplot, save  # noqa: E402
 from train_seeds import run_seeds  # noqa: E402
 
 MODEL = "tinygpt"
@@ -71,11 +72,7 @@ def plot(curves: pd.DataFrame, path: str) -> None:
     """Two panels from the curves: the validation loss over training (mean over seeds) per mode, and
     the paired difference from the baseline of the same seed and step (mean over seeds, with the
     range of the seeds shaded)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     val = curves.dropna(subset=["val_loss"])
     wide = val.pivot_table(index=["seed", "step"], columns="mode", values="val_loss")
     delta = 100 * (wide.div(wide["none"], axis=0) - 1)
@@ -97,10 +94,7 @@ def plot(curves: pd.DataFrame, path: str) -> None:
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main(argv=None) -> pd.DataFrame:

@@ -54,10 +54,12 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autotune.meta import git_commit  # noqa: E402
 from taco_triton.examples import train_gpt  # noqa: E402
 from taco_triton.examples.modes import make_policy  # noqa: E402
 from taco_triton.examples.ranks import spawn_ranks  # noqa: E402
+from plots import pyplot, save  # noqa: E402
 
 #: The compressed modes measured (train_gpt's), each also with stochastic rounding ("-sr").
 MODES = ("fp8", "int8", "int6", "int4", "int4-fwd", "int4-bwd")
@@ -243,11 +245,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 def plot(df: pd.DataFrame, path: str) -> None:
     """e/s per mode (log scale), a panel per model: a bar per step and batch size for the whole model,
     a dot for the largest over its tensors with a measurable s."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     table = summary(df).reset_index()
     modes = [m for m in ["bf16", *MODES, *(m + "-sr" for m in SR_MODES)] if m in set(table["mode"])]
     models = list(dict.fromkeys(table.model))
@@ -268,10 +266,7 @@ def plot(df: pd.DataFrame, path: str) -> None:
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7, ncol=3)
     axes[-1, 0].set_xticks(range(len(modes)), modes)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path, dpi=100)
 
 
 def main(argv=None) -> pd.DataFrame:
