@@ -15,10 +15,13 @@ validation loss is taken every 50 steps on the same 16 held-out batches in every
 Per seed, the paired delta of the final validation loss, 100 (L_mode / L_none - 1) in %; per mode,
 the mean of the deltas over the seeds, their sample standard deviation, standard error, minimum and
 maximum. The baseline's seed spread ((max - min) / mean of its final losses) is the scale the
-deltas are judged against.
+deltas are judged against. The validation loss is taken as the run communicates (a mode's forward
+collectives compressed, as in training), and once more at the end with every collective native:
+that delta (delta_native_vs_none_pct) is what the compressed training did to the weights alone.
 
 CSV (one row per mode and seed): model, mode ("none" for bf16, else the codec's mode), seed, steps,
-final_val_loss, delta_vs_none_pct, wire_vs_none, args, machine, commit, date. The curves CSV holds
+final_val_loss, delta_vs_none_pct, final_val_loss_native, delta_native_vs_none_pct, wire_vs_none,
+step_ms_median, args, machine, commit, date. The curves CSV holds
 every evaluated step of every run (model, mode, seed, step, train_loss, val_loss, wire_bytes,
 step_ms, ...); the plot is drawn from it. Step times are CPU timings on a shared machine, not a speed result.
 """
@@ -47,16 +50,18 @@ QUICK = ["--tp", "2", "--layers", "1", "--hidden", "32", "--heads", "2", "--ffn"
 
 
 def paired(runs: pd.DataFrame) -> pd.DataFrame:
-    """runs: one row per (mode, seed) with final_val_loss -> the same rows with delta_vs_none_pct,
-    the difference from mode "none" of the same seed in %."""
-    base = runs[runs["mode"] == "none"].set_index("seed").final_val_loss
-    return runs.assign(delta_vs_none_pct=100 * (runs.final_val_loss / runs.seed.map(base).to_numpy() - 1))
+    """runs: one row per (mode, seed) with final_val_loss and final_val_loss_native -> the same rows
+    with delta_vs_none_pct and delta_native_vs_none_pct, their differences in % from the final
+    validation loss of mode "none" of the same seed."""
+    base = runs.seed.map(runs[runs["mode"] == "none"].set_index("seed").final_val_loss).to_numpy()
+    return runs.assign(delta_vs_none_pct=100 * (runs.final_val_loss / base - 1),
+                       delta_native_vs_none_pct=100 * (runs.final_val_loss_native / base - 1))
 
 
-def summarize(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per mode: each seed's delta, the deltas' mean, sample standard deviation, standard error, min
-    and max; the row "none" carries the baseline's seed spread ((max - min) / mean, %)."""
-    wide = runs.pivot(index="mode", columns="seed", values="delta_vs_none_pct")
+def summarize(runs: pd.DataFrame, column: str = "delta_vs_none_pct") -> pd.DataFrame:
+    """Per mode: each seed's delta (`column`), the deltas' mean, sample standard deviation, standard
+    error, min and max; the row "none" carries the baseline's seed spread ((max - min) / mean, %)."""
+    wide = runs.pivot(index="mode", columns="seed", values=column)
     d = wide.drop(index="none")
     out = wide.rename(columns=lambda s: f"delta_seed{s}_%")
     out["mean_%"], out["sd_%"] = d.mean(axis=1), d.std(axis=1, ddof=1)
@@ -125,8 +130,8 @@ def main(argv=None) -> pd.DataFrame:
     stamp = dict(model=MODEL, machine=platform.node() or "unknown", commit=commit,
                  date=datetime.datetime.now(datetime.timezone.utc).date().isoformat())
     runs = paired(runs).assign(steps=args.steps, args=" ".join(passthrough), **stamp)
-    runs = runs[["model", "mode", "seed", "steps", "final_val_loss", "delta_vs_none_pct", "wire_vs_none",
-                 "step_ms_median", "args", "machine", "commit", "date"]]
+    runs = runs[["model", "mode", "seed", "steps", "final_val_loss", "delta_vs_none_pct", "final_val_loss_native",
+                 "delta_native_vs_none_pct", "wire_vs_none", "step_ms_median", "args", "machine", "commit", "date"]]
     curves = curves.dropna(subset=["val_loss"]).assign(**stamp)  # the evaluated steps: what the plot draws
     for path, df in ((args.csv, runs), (args.curves_csv, curves)):
         if path:
@@ -137,6 +142,8 @@ def main(argv=None) -> pd.DataFrame:
     pd.set_option("display.width", 250)
     print(f"final validation loss vs none, paired by seed ({' '.join(passthrough)}):")
     print(summarize(runs).round(3).to_string())
+    print("the same weights evaluated with native (uncompressed) collectives, vs none:")
+    print(summarize(runs, "delta_native_vs_none_pct").round(3).to_string())
     return runs
 
 

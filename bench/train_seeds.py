@@ -42,8 +42,9 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
 
 def run_seeds(seeds: list[int], modes: str, passthrough: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train every mode of `modes` (train_gpt's --compress) once per seed with train_gpt's
-    `passthrough` arguments. Returns (one row per (mode, seed): final validation loss, wire bytes,
-    median step time; every logged step of every run, with its seed)."""
+    `passthrough` arguments. Returns (one row per (mode, seed): final validation loss, as the run
+    communicates and with native collectives, wire bytes, median step time; every logged step of
+    every run, with its seed)."""
     rows, curves = [], []
     for seed in seeds:
         print(f"=== seed {seed}", flush=True)
@@ -51,7 +52,7 @@ def run_seeds(seeds: list[int], modes: str, passthrough: list[str]) -> tuple[pd.
         curves.append(steps.assign(seed=seed))
         for mode, r in summary.iterrows():
             rows.append(dict(mode=mode, seed=seed, final_val_loss=r.final_val_loss,
-                             wire_MiB_per_step=r.wire_MiB_per_step, wire_vs_none=r.get("wire_vs_none", float("nan")),
+                             final_val_loss_native=r.final_val_loss_native, wire_MiB_per_step=r.wire_MiB_per_step, wire_vs_none=r.get("wire_vs_none", float("nan")),
                              step_ms_median=r.step_ms_median))
     return pd.DataFrame(rows), pd.concat(curves, ignore_index=True)
 

@@ -121,6 +121,9 @@ def test_convergence_quick_runs_from_a_shell(tmp_path):
     assert set(CONVERGENCE_COLUMNS) <= set(runs.columns) and sorted(runs["mode"]) == ["fp8", "none"]
     base = runs.set_index("mode").final_val_loss["none"]
     assert runs.delta_vs_none_pct.to_list() == pytest.approx(list(100 * (runs.final_val_loss / base - 1)))
+    assert runs.delta_native_vs_none_pct.to_list() == pytest.approx(list(100 * (runs.final_val_loss_native / base - 1)))
+    none = runs.set_index("mode").loc["none"]  # nothing to turn off in the baseline: the same loss
+    assert none.final_val_loss_native == none.final_val_loss
     steps = pd.read_csv(curves)
     assert sorted(steps.step.unique()) == [2, 4] and steps.val_loss.notna().sum() == 4  # evaluated: 2 steps x 2 modes
     assert png.stat().st_size > 10_000

@@ -4,7 +4,9 @@
 
 Each mode starts from the same weights and sees the same batches (byte-level text of the
 Python standard library's sources, last 10% held out for validation). Prints loss, wire bytes
-per step and step time side by side; `--csv` writes every logged step. On CPU the ranks are
+per step and step time side by side; `--csv` writes every logged step. The validation loss is taken
+as the mode communicates, and at the last step once more with every collective native
+(`val_loss_native`: the trained weights without the mode's forward compression). On CPU the ranks are
 processes talking over gloo; on a machine with >= tp GPUs they use NCCL.
 
 Modes: none (native bf16 collectives), fp8 (the default config: E4M3, G=128, Hadamard),
@@ -107,11 +109,17 @@ def _train(rank, world, mode, args, device, probe=None) -> list[dict]:
     if probe is not None:
         probe(0, model, policy, data)
 
-    def evaluate():
-        g = torch.Generator().manual_seed(args.seed + 2)  # the same validation batches every time
-        with torch.no_grad():
-            losses = [float(_loss_all(model, *(t.to(device) for t in data.batch("val", args.batch, g)), None))
-                      for _ in range(args.eval_batches)]
+    def evaluate(native: bool = False):
+        """Mean loss over the same validation batches every time; `native`: with every collective
+        uncompressed (the trained weights judged without the run's forward compression)."""
+        g = torch.Generator().manual_seed(args.seed + 2)
+        forward, policy.forward = policy.forward, policy.forward and not native
+        try:
+            with torch.no_grad():
+                losses = [float(_loss_all(model, *(t.to(device) for t in data.batch("val", args.batch, g)), None))
+                          for _ in range(args.eval_batches)]
+        finally:
+            policy.forward = forward
         return sum(losses) / len(losses)
 
     for step in range(1, args.steps + 1):
@@ -137,9 +145,12 @@ def _train(rank, world, mode, args, device, probe=None) -> list[dict]:
             loss = loss.detach().clone()
             dist.all_reduce(loss)
         row = {"mode": mode, "step": step, "train_loss": float(loss.detach()), "wire_bytes": ws.wire_bytes,
-               "compressed_calls": sum(c.compressed for c in ws.calls), "step_ms": 1e3 * dt, "val_loss": float("nan")}
+               "compressed_calls": sum(c.compressed for c in ws.calls), "step_ms": 1e3 * dt, "val_loss": float("nan"),
+               "val_loss_native": float("nan")}
         if step % args.eval_every == 0 or step == args.steps:
             row["val_loss"] = evaluate()
+        if step == args.steps:
+            row["val_loss_native"] = evaluate(native=True)
         rows.append(row)
         if rank == 0 and args.verbose and (step % args.eval_every == 0 or step == args.steps):
             print(progress(f"[{mode}]", row, f"wire {row['wire_bytes'] / 2**20:.2f} MiB  {row['step_ms']:.0f} ms"),
@@ -171,6 +182,7 @@ def summarize(rows: list[dict]):
     last = df.sort_values("step").groupby("mode").tail(1).set_index("mode")
     out = pd.DataFrame({
         "final_val_loss": last.val_loss,
+        "final_val_loss_native": last.get("val_loss_native", float("nan")),  # --megatron logs none
         "wire_MiB_per_step": df.groupby("mode").wire_bytes.median() / 2**20,
         "step_ms_median": df.groupby("mode").step_ms.median(),
     })
