@@ -249,7 +249,7 @@ def plot(df: pd.DataFrame, path: str) -> None:
     plt = pyplot()
     table = summary(df).reset_index()
     modes = [m for m in ["bf16", *MODES, *(m + "-sr" for m in SR_MODES)] if m in set(table["mode"])]
-    models = list(dict.fromkeys(table.model))
+    models = [m for m in MODELS if m in set(table.model)] + sorted(set(table.model) - set(MODELS))
     fig, axes = plt.subplots(len(models), 1, figsize=(12, 3.4 * len(models)), sharex=True, squeeze=False)
     for ax, model in zip(axes[:, 0], models):
         mt = table[table.model == model]
