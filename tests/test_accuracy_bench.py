@@ -1,6 +1,7 @@
 """bench/noise_ratio.py and bench/convergence.py: their statistics are the ones their docs define,
 the probe they hang on train_gpt sees the same batch with and without compression and leaves the
-training as it was, and both run from a shell (`--quick`) writing the rows the docs describe."""
+training as it was, both run from a shell (`--quick`) writing the rows the docs describe, and
+`train_gpt --minilm`'s TP split of the pretrained encoder computes the unsplit model's loss."""
 from __future__ import annotations
 
 import math
@@ -127,3 +128,31 @@ def test_convergence_quick_runs_from_a_shell(tmp_path):
     steps = pd.read_csv(curves)
     assert sorted(steps.step.unique()) == [2, 4] and steps.val_loss.notna().sum() == 4  # evaluated: 2 steps x 2 modes
     assert png.stat().st_size > 10_000
+
+
+def _minilm_loss(rank: int, world: int) -> float:
+    """One masked-LM batch's loss of the pretrained encoder over `world` ranks, FP32 communication."""
+    from taco_triton.examples import minilm
+    from taco_triton.parallel import CompressionPolicy
+
+    torch.manual_seed(0)  # the head the checkpoint lacks: the same initialisation everywhere
+    model, tokenizer = minilm.load(world, CompressionPolicy(default=None, min_bytes=0, comm_dtype=torch.float32))
+    x, labels = minilm.MaskedBatches(tokenizer, 65536, 16).batch("train", 2, torch.Generator().manual_seed(1))
+    assert 0 < int((labels != minilm.IGNORE).sum()) < labels.numel()
+    with torch.no_grad():
+        return float(model.loss(x, labels))
+
+
+def test_minilm_at_tp2_computes_the_loss_of_the_unsharded_model():
+    # train_gpt --minilm's model split over 2 ranks (DTensor, native FP32 collectives) gives the loss
+    # of the same model and batch in one process, up to the order of FP32 sums (each attention and
+    # FFN output is the sum of two rank partials).
+    from taco_triton.realdata import model_available
+
+    from .dist_utils import run_ranks
+
+    if not model_available():
+        pytest.skip("needs the `real` extra (all-MiniLM-L6-v2)")
+    whole = _minilm_loss(0, 1)
+    split = run_ranks(_minilm_loss, 2)
+    assert split[0] == split[1] == pytest.approx(whole, rel=1e-6)
