@@ -26,7 +26,7 @@ itself: g_k (bf16 communication) against the gradient with FP32 communication.
 
 What the ratio means for SGD: if the compression error is uncorrelated with the minibatch noise and
 has mean zero, the update's noise grows from s to sqrt(s^2 + e^2): by 0.5% at e/s = 0.1, 4.4% at
-e/s = 0.3, the same as a batch 1 / (1 + (e/s)^2) times smaller. Limits: the error need not have
+e/s = 0.3, the same as a batch 1 + (e/s)^2 times smaller. Limits: the error need not have
 mean zero (round-to-nearest is a fixed function of the batch and the weights), so its part common
 to all batches does not average out over steps: `e_mean` = ||mean_k (g~_k - g_k)|| shows it (about
 e / sqrt(K) for errors independent across batches, up to e for a fixed bias); s shrinks as
