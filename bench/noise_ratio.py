@@ -313,7 +313,7 @@ def main(argv=None) -> pd.DataFrame:
     df["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(args.csv, index=False)
+        df.to_csv(args.csv, index=False, float_format="%.6g")  # 6 digits: s itself is known to ~18%
     if args.plot:
         plot(df, args.plot)
     pd.set_option("display.width", 250)
