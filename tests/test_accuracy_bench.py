@@ -106,10 +106,12 @@ def test_noise_ratio_quick_runs_from_a_shell(tmp_path):
     assert set(df["mode"]) == {"bf16", "fp8", "int4", "int4-sr"} and sorted(df.step.unique()) == [0, 2]
     compressed = df[df["mode"] != "bf16"]
     assert (compressed.e > 0).all() and (df.s > 0).all()  # TP=2: the collectives compressed something
-    for _, t in df.groupby(["step", "mode"]):  # "all" is the whole model: e^2 and s^2 add over tensors
+    # "all" is the whole model: e^2 and s^2 add over tensors, to the CSV's 6 significant digits (a
+    # value within 5e-6 relative, its square within 1e-5, on each side)
+    for _, t in df.groupby(["step", "mode"]):
         whole, parts = t[t.tensor == "all"].iloc[0], t[t.tensor != "all"]
-        assert whole.e ** 2 == pytest.approx((parts.e ** 2).sum(), rel=1e-9)
-        assert whole.s ** 2 == pytest.approx((parts.s ** 2).sum(), rel=1e-9)
+        assert whole.e ** 2 == pytest.approx((parts.e ** 2).sum(), rel=2e-5)
+        assert whole.s ** 2 == pytest.approx((parts.s ** 2).sum(), rel=2e-5)
 
 
 def test_convergence_quick_runs_from_a_shell(tmp_path):
