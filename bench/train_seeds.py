@@ -40,6 +40,23 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def run_seeds(seeds: list[int], modes: str, passthrough: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train every mode of `modes` (train_gpt's --compress) once per seed with train_gpt's
+    `passthrough` arguments. Returns (one row per (mode, seed): final validation loss, as the run
+    communicates and with native collectives, wire bytes, median step time; every logged step of
+    every run, with its seed)."""
+    rows, curves = [], []
+    for seed in seeds:
+        print(f"=== seed {seed}", flush=True)
+        steps, summary = train_gpt.main([*passthrough, "--compress", modes, "--seed", str(seed), "--quiet"])
+        curves.append(steps.assign(seed=seed))
+        for mode, r in summary.iterrows():
+            rows.append(dict(mode=mode, seed=seed, final_val_loss=r.final_val_loss,
+                             final_val_loss_native=r.final_val_loss_native, wire_MiB_per_step=r.wire_MiB_per_step, wire_vs_none=r.get("wire_vs_none", float("nan")),
+                             step_ms_median=r.step_ms_median))
+    return pd.DataFrame(rows), pd.concat(curves, ignore_index=True)
+
+
 def main(argv=None) -> pd.DataFrame:
     argv = sys.argv[1:] if argv is None else list(argv)
     passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -51,15 +68,7 @@ def main(argv=None) -> pd.DataFrame:
     args = ap.parse_args(own)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     commit = git_commit()  # the code that runs, not what HEAD is when the runs end
-    rows = []
-    for seed in seeds:
-        print(f"=== seed {seed}", flush=True)
-        _, summary = train_gpt.main([*passthrough, "--compress", args.compress, "--seed", str(seed), "--quiet"])
-        for mode, r in summary.iterrows():
-            rows.append(dict(mode=mode, seed=seed, final_val_loss=r.final_val_loss,
-                             wire_MiB_per_step=r.wire_MiB_per_step, wire_vs_none=r.get("wire_vs_none", float("nan")),
-                             step_ms_median=r.step_ms_median))
-    runs = pd.DataFrame(rows)
+    runs, _ = run_seeds(seeds, args.compress, passthrough)
     runs["args"] = " ".join(passthrough)
     runs["machine"], runs["commit"] = platform.node() or "unknown", commit
     runs["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()

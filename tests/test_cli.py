@@ -72,7 +72,7 @@ class _Parsed(Exception):
 
 CLIS = ["bench/kernels.py", "bench/gpu_bytes.py", "bench/collectives.py", "bench/real_tensors.py", "bench/train_throughput.py",
         "autotune.sweep", "autotune.show", "taco_triton.examples.train_gpt", "taco_triton.demo",
-        "notebooks/run_all.py"]
+        "notebooks/run_all.py", "bench/noise_ratio.py", "bench/convergence.py"]
 
 
 @pytest.mark.parametrize("cli", CLIS)

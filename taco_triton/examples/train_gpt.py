@@ -4,7 +4,9 @@
 
 Each mode starts from the same weights and sees the same batches (byte-level text of the
 Python standard library's sources, last 10% held out for validation). Prints loss, wire bytes
-per step and step time side by side; `--csv` writes every logged step. On CPU the ranks are
+per step and step time side by side; `--csv` writes every logged step. The validation loss is taken
+as the mode communicates, and at the last step once more with every collective native
+(`val_loss_native`: the trained weights without the mode's forward compression). On CPU the ranks are
 processes talking over gloo; on a machine with >= tp GPUs they use NCCL.
 
 Modes: none (native bf16 collectives), fp8 (the default config: E4M3, G=128, Hadamard),
@@ -12,6 +14,9 @@ int8 (INT8, G=128, Hadamard), int6 (INT6, G=32, Hadamard: 2.56x fewer bytes than
 int4 (INT4, G=32, Hadamard: 3.76x) in both directions, int4-fwd / int4-bwd (INT4 in the forward
 or the backward collectives only, the other direction native bf16), auto (the policy calibrates
 every site on the first --calibrate-steps steps, then freezes the plan; saved with --plan).
+
+--minilm fine-tunes the pretrained all-MiniLM-L6-v2 instead (masked-LM loss, DTensor TP; see
+minilm.py).
 
 --megatron trains megatron-core's GPTModel instead (TP via megatron, its communication routed
 through taco_triton by `integrations.megatron.enable`; see train_megatron.py); only there
@@ -36,6 +41,7 @@ import taco_triton as taco
 from taco_triton.examples.data import TextBatches, stdlib_bytes
 from taco_triton.examples.gpt import TinyGPT
 from taco_triton.examples.llama import build_model as build_llama
+from taco_triton.examples.minilm import build as build_minilm  # imports transformers only when called
 from taco_triton.examples.modes import MODES, make_policy, progress
 from taco_triton.examples.ranks import spawn_ranks
 from taco_triton.examples.train_megatron import train_rank_megatron  # imports megatron-core only when called
@@ -52,14 +58,16 @@ def _loss_all(model: TinyGPT, x, y, group) -> torch.Tensor:
     return loss
 
 
-def train_rank(rank: int, world: int, port: int, mode: str, args, queue=None) -> list[dict]:
+def train_rank(rank: int, world: int, port: int, mode: str, args, queue=None, probe=None) -> list[dict]:
+    """Train `mode` as rank `rank` of `world`; returns (and puts on `queue`) the logged rows. `probe`:
+    see `_train`."""
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
     if use_cuda:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if use_cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=args.pg_timeout))
     try:
-        rows = _train(rank, world, mode, args, torch.device("cuda", rank) if use_cuda else torch.device("cpu"))
+        rows = _train(rank, world, mode, args, torch.device("cuda", rank) if use_cuda else torch.device("cpu"), probe)
         if queue is not None:
             queue.put((rank, rows))
         return rows
@@ -67,12 +75,24 @@ def train_rank(rank: int, world: int, port: int, mode: str, args, queue=None) ->
         dist.destroy_process_group()
 
 
-def _train(rank, world, mode, args, device) -> list[dict]:
+def _train(rank, world, mode, args, device, probe=None) -> list[dict]:
+    """The training loop of TinyGPT, `--dtensor` and `--minilm` (`--megatron` runs its own).
+
+    `probe(step, model, policy, data)`, if given, is called before the first step (step 0) and
+    after every step, with the model holding that step's weights: it may run forward and backward
+    passes of its own (for example gradients of one batch with and without compression), and must
+    leave the parameters, their `.grad` (None) and the policy as it found them."""
     if getattr(args, "megatron", False):
+        if probe is not None:
+            raise ValueError("a probe needs the TinyGPT / --dtensor / --minilm loop, not --megatron")
         return train_rank_megatron(rank, world, mode, args, device)
     torch.manual_seed(args.seed)  # identical replicated weights and the same full TP matrices
     policy = make_policy(mode, args)
-    if getattr(args, "dtensor", False):  # torch's DTensor TP with compressed styles (train_dtensor.py)
+    data = None
+    if getattr(args, "minilm", False):  # the pretrained all-MiniLM-L6-v2, masked-LM loss (minilm.py)
+        model, data = build_minilm(args, policy)
+        model = model.to(device)
+    elif getattr(args, "dtensor", False):  # torch's DTensor TP with compressed styles (train_dtensor.py)
         model = build_llama(args, policy).to(device)
     else:
         model = TinyGPT(args.layers, args.hidden, args.heads, args.ffn, args.seq, policy=policy,
@@ -83,15 +103,23 @@ def _train(rank, world, mode, args, device) -> list[dict]:
     master = [p.detach().clone().float().requires_grad_(True) for p in model.parameters()]
     model.to(DTYPES[args.compute_dtype])
     opt = torch.optim.AdamW(master, lr=args.lr, weight_decay=0.01)
-    data = TextBatches(stdlib_bytes(args.data_bytes), args.seq)
+    data = data or TextBatches(stdlib_bytes(args.data_bytes), args.seq)
     gen = torch.Generator().manual_seed(args.seed + 1)  # every rank of the TP group sees the same batch
     rows = []
+    if probe is not None:
+        probe(0, model, policy, data)
 
-    def evaluate():
-        g = torch.Generator().manual_seed(args.seed + 2)  # the same validation batches every time
-        with torch.no_grad():
-            losses = [float(_loss_all(model, *(t.to(device) for t in data.batch("val", args.batch, g)), None))
-                      for _ in range(args.eval_batches)]
+    def evaluate(native: bool = False):
+        """Mean loss over the same validation batches every time; `native`: with every collective
+        uncompressed (the trained weights judged without the run's forward compression)."""
+        g = torch.Generator().manual_seed(args.seed + 2)
+        forward, policy.forward = policy.forward, policy.forward and not native
+        try:
+            with torch.no_grad():
+                losses = [float(_loss_all(model, *(t.to(device) for t in data.batch("val", args.batch, g)), None))
+                          for _ in range(args.eval_batches)]
+        finally:
+            policy.forward = forward
         return sum(losses) / len(losses)
 
     for step in range(1, args.steps + 1):
@@ -117,13 +145,18 @@ def _train(rank, world, mode, args, device) -> list[dict]:
             loss = loss.detach().clone()
             dist.all_reduce(loss)
         row = {"mode": mode, "step": step, "train_loss": float(loss.detach()), "wire_bytes": ws.wire_bytes,
-               "compressed_calls": sum(c.compressed for c in ws.calls), "step_ms": 1e3 * dt, "val_loss": float("nan")}
+               "compressed_calls": sum(c.compressed for c in ws.calls), "step_ms": 1e3 * dt, "val_loss": float("nan"),
+               "val_loss_native": float("nan")}
         if step % args.eval_every == 0 or step == args.steps:
             row["val_loss"] = evaluate()
+        if step == args.steps:
+            row["val_loss_native"] = evaluate(native=True)
         rows.append(row)
         if rank == 0 and args.verbose and (step % args.eval_every == 0 or step == args.steps):
             print(progress(f"[{mode}]", row, f"wire {row['wire_bytes'] / 2**20:.2f} MiB  {row['step_ms']:.0f} ms"),
                   flush=True)
+        if probe is not None:
+            probe(step, model, policy, data)
     if policy.frozen and rank == 0 and args.verbose:
         print(f"  [{mode}] frozen plan: {len(policy.plan_dict())} sites, codecs "
               f"{sorted({(c.codec, c.group_size, c.hadamard) for c in policy.plan_dict().values()})}")
@@ -149,6 +182,7 @@ def summarize(rows: list[dict]):
     last = df.sort_values("step").groupby("mode").tail(1).set_index("mode")
     out = pd.DataFrame({
         "final_val_loss": last.val_loss,
+        "final_val_loss_native": last.get("val_loss_native", float("nan")),  # --megatron logs none
         "wire_MiB_per_step": df.groupby("mode").wire_bytes.median() / 2**20,
         "step_ms_median": df.groupby("mode").step_ms.median(),
     })
@@ -203,6 +237,9 @@ def parser(prog: str = "python -m taco_triton.examples.train_gpt", doc: str = __
                     help="train megatron-core's GPTModel instead (see taco_triton/examples/train_megatron.py)")
     ap.add_argument("--dtensor", action="store_true",
                     help="a Llama-style model under torch's DTensor TP instead (see taco_triton/examples/train_dtensor.py)")
+    ap.add_argument("--minilm", action="store_true",
+                    help="fine-tune the pretrained all-MiniLM-L6-v2 (masked-LM loss, DTensor TP) instead; the model "
+                         "size flags do not apply (see taco_triton/examples/minilm.py; needs the `real` extra)")
     ap.add_argument("--pg-timeout", type=float, default=300, help="process-group timeout in seconds (a stuck rank fails after it)")
     ap.add_argument("--csv", default=None, help="write one row per (mode, step) to this CSV")
     ap.add_argument("--quiet", dest="verbose", action="store_false", help="print only the summary")
@@ -240,6 +277,11 @@ def main(argv=None, cli: argparse.ArgumentParser | None = None):
             raise SystemExit(f"unknown --compress mode {m!r}; choose from {MODES}")
     if not args.megatron and (args.pp, args.dp) != (1, 1):
         raise SystemExit(f"--pp {args.pp} / --dp {args.dp} need --megatron (TinyGPT is TP only)")
+    models = [f"--{m}" for m in ("megatron", "dtensor", "minilm") if getattr(args, m)]
+    if len(models) > 1:
+        raise SystemExit(f"{' and '.join(models)}: choose one model")
+    if args.minilm and args.sequence_parallel:
+        raise SystemExit("--minilm runs without sequence parallelism")
     groups = parse_axis_groups(args.compress_axes)
     if not args.megatron and groups != [AXES]:
         raise SystemExit(f"--compress-axes {args.compress_axes} needs --megatron (TinyGPT compresses TP only)")
