@@ -83,14 +83,15 @@ def plot(curves: pd.DataFrame, path: str) -> None:
     delta = 100 * (wide.div(wide["none"], axis=0) - 1)
     modes = [m for m in MODES.split(",") if m in wide.columns] + sorted(set(wide.columns) - set(MODES.split(",")))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for m in modes:
+    for i, m in enumerate(modes):
+        color = f"C{i}"  # one colour per mode in both panels
         mean = wide[m].groupby("step").mean()
-        ax1.plot(mean.index, mean.to_numpy(), label="none (bf16)" if m == "none" else m, lw=1.2)
+        ax1.plot(mean.index, mean.to_numpy(), label="none (bf16)" if m == "none" else m, lw=1.2, color=color)
         if m != "none":
             by_step = delta[m].groupby("step")
-            (line,) = ax2.plot(by_step.mean().index, by_step.mean().to_numpy(), label=m, lw=1.2)
+            ax2.plot(by_step.mean().index, by_step.mean().to_numpy(), label=m, lw=1.2, color=color)
             ax2.fill_between(by_step.min().index, by_step.min().to_numpy(), by_step.max().to_numpy(),
-                             color=line.get_color(), alpha=0.12)
+                             color=color, alpha=0.12)
     seeds = ", ".join(str(int(s)) for s in sorted(curves.seed.unique()))
     ax1.set(xlabel="step", ylabel="validation loss", title=f"{MODEL}, TP=2: mean over seeds {seeds}")
     ax2.axhline(0, color="black", lw=0.8)
