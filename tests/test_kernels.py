@@ -439,7 +439,7 @@ def test_launch_and_prepared_name_unknown_parameters():
                              {"num_warps": 4, "num_stages": 2})
     with pytest.raises(ValueError, match=r"missing \['seed'\], unknown \['sed'\]"):
         Launch(launch.fn, 1, {**{k: v for k, v in launch.args.items() if k != "seed"}, "sed": 0}, launch.meta)
-    with pytest.raises(ValueError, match=r"constexprs missing \['TAIL'\], unknown \['SUB'\]"):
+    with pytest.raises(ValueError, match=r"constexprs and options missing \['TAIL'\], unknown \['SUB'\]"):
         Launch(launch.fn, 1, launch.args, {**{k: v for k, v in launch.meta.items() if k != "TAIL"}, "SUB": 1.0})
     with pytest.raises(ValueError, match=r"unknown \['x', 'G'\] \(constexprs \['G'\]"):
         Prepared(launch, ("x", "codes_ptr", "G"))

@@ -260,19 +260,23 @@ LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "enable_fp_fusion"})
 
 
 @functools.cache
-def _parameters(py_fn) -> tuple[tuple[str, ...], frozenset[str]]:
+def _parameters(py_fn) -> tuple[tuple[str, ...], frozenset[str], frozenset[str], frozenset[str]]:
+    """(runtime parameters in order, the same as a set, constexpr parameters, those and the launch
+    options: the keys of a launch's meta) of a kernel's function."""
     params = [KernelParam(i, p, False, False) for i, p in enumerate(inspect.signature(py_fn).parameters.values())]
     runtime = tuple(p.name for p in params if not p.is_constexpr)
     if [p.name for p in params[: len(runtime)]] != list(runtime):
         raise TypeError(f"{py_fn.__name__}: its runtime parameters must precede its constexprs (`Prepared` passes them by position)")
-    return runtime, frozenset(p.name for p in params if p.is_constexpr)
+    constexprs = frozenset(p.name for p in params if p.is_constexpr)
+    return runtime, frozenset(runtime), constexprs, constexprs | LAUNCH_OPTIONS
 
 
 def kernel_parameters(fn) -> tuple[tuple[str, ...], frozenset[str]]:
     """(runtime parameter names in the kernel's order, constexpr parameter names) of a
     `@triton.jit` kernel, compiled (`JITFunction`) or interpreted, by Triton's own rule
     (`KernelParam.is_constexpr`: a parameter annotated `tl.constexpr`)."""
-    return _parameters(fn.fn)
+    runtime, _, constexprs, _ = _parameters(fn.fn)
+    return runtime, constexprs
 
 
 def _mismatch(fn, what: str, given, declared) -> str:
@@ -283,11 +287,11 @@ def _mismatch(fn, what: str, given, declared) -> str:
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch of a persistent kernel over `n_tiles` tiles: `fn[grid](**args, **meta)`.
+    """One launch of a persistent kernel over `n_tiles` tiles: `fn[grid](*args.values(), **meta)`.
 
     `args` maps each runtime parameter of the kernel to its value, `meta` each constexpr
-    parameter plus the launch options (`LAUNCH_OPTIONS`): exactly the kernel's parameters, or
-    ValueError naming the missing and the unknown. `args` is kept in the kernel's order.
+    parameter and each launch option (`LAUNCH_OPTIONS`): exactly those, or ValueError naming the
+    missing and the unknown. `args` is kept in the kernel's order.
 
     The grid is as many programs as the GPU keeps resident at once (never more: a program that
     waits for a free SM would start its share of tiles only after another finished all of its
@@ -301,12 +305,15 @@ class Launch:
     device: torch.device | None = None
 
     def __post_init__(self):
-        runtime, constexprs = kernel_parameters(self.fn)
-        problems = [_mismatch(self.fn, "arguments", self.args, runtime),
-                    _mismatch(self.fn, "constexprs", self.meta.keys() - LAUNCH_OPTIONS, constexprs)]
-        if any(problems):
+        runtime, runtime_set, constexprs, meta_keys = _parameters(self.fn.fn)
+        # comparisons of the keys, no set built: outside `Prepared` a launch is built per call
+        in_order = tuple(self.args) == runtime
+        if not (in_order or self.args.keys() == runtime_set) or self.meta.keys() != meta_keys:
+            problems = [_mismatch(self.fn, "arguments", self.args, runtime),
+                        _mismatch(self.fn, "constexprs and options", self.meta, meta_keys)]
             raise ValueError("; ".join(p for p in problems if p))
-        object.__setattr__(self, "args", {name: self.args[name] for name in runtime})
+        if not in_order:  # the builders list them in order: `run` passes them by position
+            object.__setattr__(self, "args", {name: self.args[name] for name in runtime})
 
     def grid(self) -> tuple:
         if self.device is None or self.device.type != "cuda" or interpreting():
@@ -315,12 +322,12 @@ class Launch:
         key = (self.fn, tuple(sorted((k, str(v)) for k, v in self.meta.items())), index)
         per_sm = _RESIDENT.get(key)
         if per_sm is None:
-            compiled = self.fn.warmup(**self.args, grid=(1,), **self.meta)
+            compiled = self.fn.warmup(*self.args.values(), grid=(1,), **self.meta)
             per_sm = _RESIDENT[key] = _resident_per_sm(compiled, index)
         return (max(1, min(self.n_tiles, per_sm * multiprocessors(index))),)
 
     def run(self):
-        return self.fn[self.grid()](**self.args, **self.meta)
+        return self.fn[self.grid()](*self.args.values(), **self.meta)
 
 
 def launch_meta(target: Target, params: dict, **constexprs) -> dict:

@@ -200,18 +200,16 @@ def compress_launches(x, codes, a, b, numel: int, config: CompressionConfig, tar
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
     main = aligned_split(numel) if split else 0
 
-    def launch(tiles: int, meta: dict, **sizes) -> Launch:
-        return Launch(_compress_kernel, tiles, dict(x_ptr=x, codes_ptr=codes, scale_a_ptr=a, scale_b_ptr=b, h_ptr=h,
-                                                    h16_ptr=h16, seed=config.seed, **sizes), meta, device)
+    def launch(tiles: int, meta: dict, numel: int, n_groups: int, n_sb: int, n_tiles: int, tile0: int) -> Launch:
+        return Launch(_compress_kernel, tiles, dict(
+            x_ptr=x, codes_ptr=codes, scale_a_ptr=a, scale_b_ptr=b, h_ptr=h, h16_ptr=h16, numel=numel,
+            n_groups=n_groups, n_sb=n_sb, n_tiles=n_tiles, seed=config.seed, tile0=tile0), meta, device)
 
     if main == 0:
-        return (launch(n_tiles, meta, numel=numel, n_groups=layout.n_groups, n_sb=layout.n_superblocks,
-                       n_tiles=n_tiles, tile0=0),)
+        return (launch(n_tiles, meta, numel, layout.n_groups, layout.n_superblocks, n_tiles, 0),)
     t0 = main // TILE_ELEMS
-    return (launch(t0, meta, numel=main, n_groups=main // config.group_size, n_sb=main // SUPERBLOCK_ELEMS,
-                   n_tiles=t0, tile0=0),
-            launch(1, {**meta, "TAIL": True}, numel=numel, n_groups=layout.n_groups, n_sb=layout.n_superblocks,
-                   n_tiles=n_tiles, tile0=t0))
+    return (launch(t0, meta, main, main // config.group_size, main // SUPERBLOCK_ELEMS, t0, 0),
+            launch(1, {**meta, "TAIL": True}, numel, layout.n_groups, layout.n_superblocks, n_tiles, t0))
 
 
 def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: CompressionConfig, target: Target,

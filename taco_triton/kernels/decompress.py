@@ -179,19 +179,18 @@ def decompress_launches(codes, a, b, out, numel: int, config: CompressionConfig,
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
     main = aligned_split(numel) if split else 0
 
-    def launch(tiles: int, meta: dict, **sizes) -> Launch:
-        return Launch(_decompress_kernel, tiles,
-                      dict(codes_ptr=codes, scale_a_ptr=a, scale_b_ptr=b, out_ptr=out, h_ptr=h, h16_ptr=h16,
-                           out_max=torch.finfo(out.dtype).max, inf_above=inf_above, **sizes), meta, device)
+    top = torch.finfo(out.dtype).max
+
+    def launch(tiles: int, meta: dict, numel: int, n_groups: int, n_sb: int, n_tiles: int, tile0: int) -> Launch:
+        return Launch(_decompress_kernel, tiles, dict(
+            codes_ptr=codes, scale_a_ptr=a, scale_b_ptr=b, out_ptr=out, h_ptr=h, h16_ptr=h16, numel=numel,
+            n_groups=n_groups, n_sb=n_sb, n_tiles=n_tiles, out_max=top, inf_above=inf_above, tile0=tile0), meta, device)
 
     if main == 0:
-        return (launch(n_tiles, meta, numel=numel, n_groups=layout.n_groups, n_sb=layout.n_superblocks,
-                       n_tiles=n_tiles, tile0=0),)
+        return (launch(n_tiles, meta, numel, layout.n_groups, layout.n_superblocks, n_tiles, 0),)
     t0 = main // TILE_ELEMS
-    return (launch(t0, meta, numel=main, n_groups=main // config.group_size, n_sb=main // SUPERBLOCK_ELEMS,
-                   n_tiles=t0, tile0=0),
-            launch(1, {**meta, "TAIL": True}, numel=numel, n_groups=layout.n_groups, n_sb=layout.n_superblocks,
-                   n_tiles=n_tiles, tile0=t0))
+    return (launch(t0, meta, main, main // config.group_size, main // SUPERBLOCK_ELEMS, t0, 0),
+            launch(1, {**meta, "TAIL": True}, numel, layout.n_groups, layout.n_superblocks, n_tiles, t0))
 
 
 def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int, config: CompressionConfig,
