@@ -305,7 +305,7 @@ class Launch:
     device: torch.device | None = None
 
     def __post_init__(self):
-        runtime, runtime_set, constexprs, meta_keys = _parameters(self.fn.fn)
+        runtime, runtime_set, _, meta_keys = _parameters(self.fn.fn)
         # comparisons of the keys, no set built: outside `Prepared` a launch is built per call
         in_order = tuple(self.args) == runtime
         if not (in_order or self.args.keys() == runtime_set) or self.meta.keys() != meta_keys:
