@@ -295,7 +295,7 @@ def compile_launch(launch, gpu: GPU):
     fn = launch.fn
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     kw = dict(launch.meta)
-    bound, spec, opts = binder(*launch.args, **kw)
+    bound, spec, opts = binder(**launch.args, **kw)
     options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
     return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=gt, options=options.__dict__)
 

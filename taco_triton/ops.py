@@ -251,7 +251,7 @@ def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
         return lambda x: alloc.empty(nbytes, torch.uint8, device)
     data = alloc.empty(nbytes, torch.uint8, device)
     codes, a, b = layout.split(data)
-    launch = _one_call(Prepared(ln, (0, 1, 2, 3)) for ln in compress_launches(
+    launch = _one_call(Prepared(ln, ("x_ptr", "codes_ptr", "scale_a_ptr", "scale_b_ptr")) for ln in compress_launches(
         x, codes, a, b, x.numel(), config, target_of(device), launch_params("compress", device, x.dtype, config, x.numel()),
         device))
     a0, b0 = layout.scale_a_offset, layout.scale_b_offset
@@ -293,7 +293,7 @@ def _prepare_decompress(data, out, config: CompressionConfig, backend: str, inf_
         return lambda data, out: None
     codes, a, b = layout.split(data)
     device = out.device
-    launch = _one_call(Prepared(ln, (0, 1, 2, 3)) for ln in decompress_launches(
+    launch = _one_call(Prepared(ln, ("codes_ptr", "scale_a_ptr", "scale_b_ptr", "out_ptr")) for ln in decompress_launches(
         codes, a, b, out, out.numel(), config, target_of(device),
         launch_params("decompress", device, out.dtype, config, out.numel()), device, inf_above))
     a0, b0 = layout.scale_a_offset, layout.scale_b_offset

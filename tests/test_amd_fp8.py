@@ -76,5 +76,5 @@ def test_cdna_generation_of_targets():
 
     gens = {a: Target("hip", a, 64).cdna for a in ("gfx908", "gfx90a", "gfx940", "gfx942", "gfx950", "gfx1100")}
     assert gens == {"gfx908": 1, "gfx90a": 2, "gfx940": 3, "gfx942": 3, "gfx950": 4, "gfx1100": 0}
-    assert target_flags(Target("cuda", 90), torch.bfloat16)["CDNA"] == 0
-    assert target_flags(INTERPRETER, torch.bfloat16)["CDNA"] == 0
+    assert target_flags(Target("cuda", 90))["CDNA"] == 0
+    assert target_flags(INTERPRETER)["CDNA"] == 0

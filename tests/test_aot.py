@@ -149,8 +149,8 @@ def test_odd_sizes_are_modelled_as_the_aligned_main_launch_and_its_tail():
     gpu = aot.TARGETS["sm_90"]
     for kernel in ("compress", "decompress"):
         main, tail = aot.build_launches(aot.Variant(kernel, CompressionConfig(), "bf16", 4, 2, aot.ODD_NUMEL), gpu)
-        assert main.args[6] == aot.ODD_NUMEL // 8192 * 8192 and main.args[6] % 16 == 0 and "TAIL" not in main.meta
-        assert tail.args[6] == aot.ODD_NUMEL and tail.meta["TAIL"] and tail.n_tiles == 1
+        assert main.args["numel"] == aot.ODD_NUMEL // 8192 * 8192 and main.args["numel"] % 16 == 0 and not main.meta["TAIL"]
+        assert tail.args["numel"] == aot.ODD_NUMEL and tail.meta["TAIL"] and tail.n_tiles == 1
         assert len(aot.build_launches(aot.Variant(kernel, CompressionConfig(), "bf16", 4, 2), gpu)) == 1
     a = {"instr_per_tile": 100.0, "slow_instr_per_tile": 0.0, "mma": [((8, "16"), 2.0)], "static_instr": 50,
          "spill_bytes": 0, "slow_calls_per_tile": 1, "regs": 128}

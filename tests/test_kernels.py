@@ -329,7 +329,7 @@ def test_batched_second_stage_gives_the_transposed_forms_bytes(g, monkeypatch):
     stride = -(-lay.nbytes // 16) * 16
     got = {}
     for kron in (0, 1):
-        monkeypatch.setattr(_launch, "target_flags", lambda target, dtype, k=kron: {**flags(target, dtype), "KRON": k})
+        monkeypatch.setattr(_launch, "target_flags", lambda target, k=kron: {**flags(target), "KRON": k})
         cs = [taco.compress(x.to(dt), cfg, backend="triton") for x in xs for dt in (torch.bfloat16, torch.float32)]
         ds = [taco.decompress(c, backend="triton") for c in cs]
         bufs = torch.zeros(2, stride, dtype=torch.uint8, device=DEVICE)
@@ -358,3 +358,124 @@ def test_bf16_subnormals_decode_as_the_interpreter_loads_them():
     if env.interpreting():
         got = taco.decompress(taco.compress(x, cfg, backend="triton"), backend="triton")
         assert float((got.double() - x.double()).norm() / x.double().norm()) > 2 * cfg.spec.relative_rounding
+
+
+# ---------------------------------------------------------------- launches by parameter name
+def _all_launches():
+    """Every launch builder's launches (ShapedPointers, no device) for a spread of configs and
+    targets: the dense and slotted compress/decompress (odd size: main and tail), the reduce to a
+    compressed and to a dense sum, with and without tags."""
+    from taco_triton.kernels._launch import INTERPRETER, ShapedPointer as P, Target
+    from taco_triton.kernels.compress import compress_launches, compress_slots_launch
+    from taco_triton.kernels.decompress import decompress_launches, decompress_slots_launch
+    from taco_triton.kernels.reduce import reduce_launch
+
+    u8, f32, params = P(torch.uint8), P(torch.float32), {"num_warps": 4, "num_stages": 2}
+    configs = [taco.CompressionConfig(), taco.CompressionConfig(codec="int6", group_size=256, rounding="stochastic"),
+               taco.CompressionConfig(codec="int4", scales="taco_fp32x2", group_size=128, hadamard=False)]
+    for target in (INTERPRETER, Target("cuda", 90), Target("cuda", 80), Target("hip", "gfx942", 64)):
+        for cfg in configs:
+            b = u8 if cfg.scales == "dual" else f32
+            for dtype in (torch.bfloat16, torch.float32):
+                x = P(dtype)
+                yield from compress_launches(x, u8, f32, b, 8195, cfg, target, params)
+                yield compress_slots_launch(x, u8, u8, 2, 3, cfg, target, params, elem_align=16)
+                yield from decompress_launches(u8, f32, b, x, 8195, cfg, target, params)
+                yield decompress_slots_launch(u8, x, u8, P(torch.int64), 2, 3, cfg, target, params)
+            for dense, tags in ((False, None), (True, None), (False, (P(torch.int64), 1, 2, 9000))):
+                out = f32 if dense else u8
+                yield reduce_launch(u8, u8, u8, (8208, 2052, 8208), 4, out, out, out, out, 8192, cfg, 0.5, dense,
+                                    target, params, tags=tags)
+
+
+def _kernels(*modules) -> dict:
+    """The kernels (the launched `@triton.jit` functions, `_..._kernel`) defined in `modules`."""
+    return {name: k for m in modules for name, k in vars(m).items()
+            if name.startswith("_") and name.endswith("_kernel") and k.fn.__module__ == m.__name__}
+
+
+def test_every_launch_passes_exactly_its_kernels_parameters_by_name():
+    """Each kernel receives its runtime parameters by name and exactly the constexprs it declares
+    (no shared dict with another kernel's), plus the launch options; the names come from Triton's
+    own reading of the signature (`JITFunction.arg_names` / `constexprs`)."""
+    from triton.runtime.jit import JITFunction
+
+    from taco_triton.kernels import compress, decompress, reduce
+    from taco_triton.kernels._launch import LAUNCH_OPTIONS, kernel_parameters
+
+    seen = set()
+    for launch in _all_launches():
+        jit = JITFunction(launch.fn.fn)  # the compiled view of the kernel, whatever TRITON_INTERPRET is
+        runtime, constexprs = kernel_parameters(launch.fn)
+        assert constexprs == {jit.arg_names[i] for i in jit.constexprs}
+        assert list(launch.args) == list(runtime) == [n for n in jit.arg_names if n not in constexprs]
+        assert set(launch.meta) == constexprs | LAUNCH_OPTIONS, launch.fn.__name__
+        seen.add(launch.fn)
+    assert seen == set(_kernels(compress, decompress, reduce).values())
+
+
+def test_every_constexpr_a_kernel_declares_is_used():
+    """A kernel declares no constexpr that its body does not read (a dead one is a value passed
+    for nothing, and a name that suggests it matters)."""
+    import ast
+    import inspect
+
+    from taco_triton.kernels import compress, decompress, reduce
+    from taco_triton.kernels._launch import kernel_parameters
+
+    for name, kernel in _kernels(compress, decompress, reduce).items():
+        fn = ast.parse(inspect.getsource(kernel.fn).lstrip()).body[0]
+        used = {n.id for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+        assert kernel_parameters(kernel)[1] <= used, (name, kernel_parameters(kernel)[1] - used)
+
+
+def test_launch_and_prepared_name_unknown_parameters():
+    from taco_triton.kernels._launch import INTERPRETER, Launch, Prepared, ShapedPointer as P
+    from taco_triton.kernels.compress import compress_launch
+
+    cfg = taco.CompressionConfig()
+    u8 = P(torch.uint8)
+    launch = compress_launch(P(torch.bfloat16), u8, P(torch.float32), u8, 8192, cfg, INTERPRETER,
+                             {"num_warps": 4, "num_stages": 2})
+    with pytest.raises(ValueError, match=r"missing \['seed'\], unknown \['sed'\]"):
+        Launch(launch.fn, 1, {**{k: v for k, v in launch.args.items() if k != "seed"}, "sed": 0}, launch.meta)
+    with pytest.raises(ValueError, match=r"constexprs and options missing \['TAIL'\], unknown \['SUB'\]"):
+        Launch(launch.fn, 1, launch.args, {**{k: v for k, v in launch.meta.items() if k != "TAIL"}, "SUB": 1.0})
+    with pytest.raises(ValueError, match=r"unknown \['x', 'G'\] \(constexprs \['G'\]"):
+        Prepared(launch, ("x", "codes_ptr", "G"))
+    with pytest.raises(ValueError, match="distinct"):
+        Prepared(launch, ("x_ptr", "x_ptr"))
+
+
+def test_prepared_call_by_position_and_by_name_writes_the_bytes_of_a_launch():
+    """A prepared compress called with its varying arguments in the order they were named, or by
+    name in another order, writes what `compress_triton` writes."""
+    from taco_triton.kernels._launch import Prepared, heuristic, target_of
+    from taco_triton.kernels.compress import compress_launch, compress_triton
+
+    cfg = taco.CompressionConfig()
+    x = make_input("outliers", (2, 4096), torch.bfloat16, seed=3).to(DEVICE)
+    lay = WireLayout.of(x.numel(), cfg)
+    want = compress_triton(x, cfg)
+    got = [torch.zeros(lay.nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(2)]
+    c, a, b = lay.split(got[0])
+    prepared = Prepared(compress_launch(x, c, a, b, x.numel(), cfg, target_of(x.device), heuristic("compress", cfg),
+                                        x.device), ("codes_ptr", "scale_a_ptr", "scale_b_ptr", "x_ptr"))
+    prepared(c, a, b, x)
+    c, a, b = lay.split(got[1])
+    prepared(x_ptr=x, scale_b_ptr=b, codes_ptr=c, scale_a_ptr=a)
+    assert torch.equal(got[0], want) and torch.equal(got[1], want)
+
+
+def test_launch_params_alone_choose_the_warps_of_the_slotted_compress():
+    """The slotted compress shares the dense one's choice, raised to `WARP_FLOORS`' 8 warps at
+    single-scale G = 256, whatever chose fewer (the heuristic, a forced block)."""
+    from taco_triton.kernels import _launch
+
+    cpu, cfg = torch.device("cpu"), taco.CompressionConfig(scales="taco_fp32x2", group_size=256)
+    assert _launch.launch_params("compress", cpu, torch.bfloat16, cfg, 8192)["num_warps"] == 4
+    assert _launch.launch_params("compress_slots", cpu, torch.bfloat16, cfg, 8192) == {"num_warps": 8, "num_stages": 2}
+    with _launch.forced({"num_warps": 2, "num_stages": 3}):
+        assert _launch.launch_params("compress_slots", cpu, torch.bfloat16, cfg, 8192) == {"num_warps": 8, "num_stages": 3}
+        assert _launch.launch_params("compress_slots", cpu, torch.bfloat16, cfg.replace(group_size=128), 8192) == {
+            "num_warps": 2, "num_stages": 3}

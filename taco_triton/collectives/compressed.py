@@ -484,10 +484,10 @@ class _Plan:
             from ..kernels.compress import compress_slots_launch
 
             launch = compress_slots_launch(flat, b.send, self.desc[k, 0], len(sl.piece), slots.total_tiles(sl.lays),
-                                           cfg, target, launch_params("compress", device, flat.dtype, cfg,
+                                           cfg, target, launch_params("compress_slots", device, flat.dtype, cfg,
                                                                       max(lay.numel for lay in sl.lays)),
                                            device, elem_align=slots.elem_align(sl.piece), seq_ptr=seq_ptr)
-            compress = Prepared(launch, (0, 1, 6))
+            compress = Prepared(launch, ("x_ptr", "out_ptr", "seed"))
             if self.kind != "all_gather":
                 from ..kernels.reduce import reduce_launch
 
@@ -500,7 +500,8 @@ class _Plan:
                                        self.scale, dense_reduce, target,
                                        launch_params("reduce", device, torch.uint8, cfg, lay.numel), device,
                                        self.inf_above if dense_reduce else math.inf, tags=tags, seq_ptr=seq_ptr)
-                reduce = Prepared(launch, (0, 1, 2, 7, 8, 9, 10, 17, 21, 26, 27))
+                reduce = Prepared(launch, ("in_codes_ptr", "in_a_ptr", "in_b_ptr", "out_codes_ptr", "out_a_ptr", "out_b_ptr",
+                                           "out_ptr", "seed", "err_ptr", "k", "seq"))
             if self.kind != "reduce_scatter":
                 from ..kernels.decompress import decompress_slots_launch
 
@@ -509,7 +510,7 @@ class _Plan:
                                                  launch_params("decompress", device, dense.dtype, cfg,
                                                                max(lay.numel for lay in lays)),
                                                  device, self.inf_above, elem_align=slots.elem_align(pieces))
-                decompress = Prepared(launch, (0, 1, 3, 9, 10))
+                decompress = Prepared(launch, ("data_ptr", "out_ptr", "err_ptr", "k", "seq"))
             launches.append(tuple(x and x.call for x in (compress, reduce, decompress)))  # plain functions
         return launches
 

@@ -2,7 +2,7 @@
 
 The numeric constants of a codec (largest code, mantissa bits, smallest normal exponent) live in
 one place, `taco_triton.config.CODEC_SPECS`; the launchers pass them in as constexprs
-(`codec_constexprs`). Below, the ids that select code paths at compile time have names.
+(`codec_constexprs` to every kernel, `encoder_constexprs` to those that encode). Below, the ids that select code paths at compile time have names.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ INT4_WORD_CODES: tl.constexpr = tl.constexpr(8)
 
 
 def codec_constexprs(spec: CodecSpec, *code_addresses: int, int4_words: bool = True) -> dict:
-    """The constexprs a kernel needs for one codec, read from the codec's spec.
+    """The constexprs every kernel needs for one codec, read from the codec's spec: its id
+    (CODEC), code width (BITS) and how codes are packed (PACK_K).
 
     `code_addresses`: the byte addresses (and per-rank byte strides) of the packed codes the
     launch reads or writes. When all are 4-byte aligned, INT6 codes move as 32-bit words, 16
@@ -55,11 +56,13 @@ def codec_constexprs(spec: CodecSpec, *code_addresses: int, int4_words: bool = T
             pack_k = INT6_WORD_CODES.value
         elif spec.bits == 4 and int4_words:
             pack_k = INT4_WORD_CODES.value
-    return {
-        "CODEC": CODEC_IDS[spec.name], "CODE_MAX": spec.code_max, "MBITS": spec.mbits,
-        "EMIN": spec.emin, "SUB": 2.0 ** (spec.emin - spec.mbits), "BITS": spec.bits,
-        "PACK_K": pack_k,
-    }
+    return {"CODEC": CODEC_IDS[spec.name], "BITS": spec.bits, "PACK_K": pack_k}
+
+
+def encoder_constexprs(spec: CodecSpec) -> dict:
+    """The codec's constants the encoder needs (`quantize_store`, `taco_prescale`): the largest
+    code (CODE_MAX), mantissa bits (MBITS) and smallest normal exponent (EMIN). Decoders do not."""
+    return {"CODE_MAX": spec.code_max, "MBITS": spec.mbits, "EMIN": spec.emin}
 
 
 @triton.jit

@@ -3,15 +3,19 @@
 - `Target`: what the kernel is compiled for (a CUDA compute capability, an AMD arch, or Triton's
   CPU interpreter). It decides the constexprs that differ between hardware (`target_flags`):
   hardware FP8 conversions exist from sm_89 on, the interpreter needs bit-exact emulations, and
-  16-bit transform operands are exact on tensor cores but not in the interpreter's bf16 dot.
+  16-bit transform operands are exact on tensor cores but not in the interpreter's bf16 dot
+  (`op16`).
 - `launch_params`: (num_warps, num_stages), the one place they are chosen. Lookup order: a
   `forced` block, then the autotune runtime's lookup, registered here by the runtime (shipped
   per-GPU files, the user's cache, online tuning when TACO_AUTOTUNE=online), then the heuristic. The interpreter runs every choice the
-  same way, so it answers with the heuristic.
-- `Launch`: a kernel with its grid, arguments and constexprs. Each kernel module builds one in a
-  `*_launch` function from tensors (or from `ShapedPointer`s), and `Launch.run()` launches it;
+  same way, so it answers with the heuristic. `WARP_FLOORS` then raises the warps of launches
+  that spill with fewer, whichever source chose them.
+- `Launch`: a kernel with its grid, arguments and constexprs, all by parameter name: exactly the
+  kernel's parameters (checked when it is built). Each kernel module builds one in a `*_launch`
+  function from tensors (or from `ShapedPointer`s), and `Launch.run()` launches it;
   `bench/aot.py` compiles the very same `Launch` for any target without a GPU, so the
-  compile-time model never drifts from what runs.
+  compile-time model never drifts from what runs. `Prepared` turns one into a function of the
+  arguments that change between calls, named.
 - FMA policy: every kernel is compiled with `enable_fp_fusion=False`, so `a * b + c` rounds twice
   as in `reference.py` on every Triton version (Triton 3.9 fuses by default, 3.10 does not);
   kernels write `tl.fma` where they want one rounding.
@@ -21,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from dataclasses import dataclass, field
+import inspect
+from dataclasses import dataclass
 
 import torch
+from triton.runtime.jit import KernelParam
 
 from ..config import CompressionConfig
 from ..env import autotune_mode, interpreting
@@ -84,29 +90,41 @@ def target_of(device: torch.device) -> Target:
                           torch.version.hip is not None)
 
 
-def target_flags(target: Target, dtype: torch.dtype) -> dict:
-    """Constexprs that differ between targets.
+def target_flags(target: Target) -> dict:
+    """Constexprs that differ between targets (every kernel declares them all).
 
     HW: compiled for a GPU (hardware INT8 rounding and bf16 casts; the interpreter's are not
-    round-to-nearest-even). FP8_HW: hardware FP8 conversions. OP16: the transform's operands stay
-    in the input's 16-bit dtype (exact on tensor cores; the interpreter's bf16 dot is not, so it
-    computes in FP32 there). DOT_PREC: how dots with FP32 operands run. "tf32x3" (NVIDIA, whose
-    default for them is one TF32 pass): `_common._dot` splits them into three exact bf16 pieces;
-    AMD's matrix cores have FP32 instructions ("ieee"), as has the interpreter. KRON: how the
-    G = 256/512 transform's second stage is laid out (`_common.hadamard_rows`): batched on sm_90,
-    transposes elsewhere (by bench/aot.py). CDNA: the AMD
-    CDNA generation (`Target.cdna`, 0 elsewhere): CDNA 3 has only the FNUZ FP8 conversions, which
-    the encoder and E4M3 decoder reach OCP codes through (`_common.encode_fp8_fnuz`); every CDNA
-    finds a row's largest magnitude with integer max instructions (`_common.row_absmax`).
+    round-to-nearest-even). FP8_HW: hardware FP8 conversions. DOT_PREC: how dots with FP32
+    operands run. "tf32x3" (NVIDIA, whose default for them is one TF32 pass): `_common._dot`
+    splits them into three exact bf16 pieces; AMD's matrix cores have FP32 instructions
+    ("ieee"), as has the interpreter. KRON: how the G = 256/512 transform's second stage is laid
+    out (`_common.hadamard_rows`): batched on sm_90, transposes elsewhere (by bench/aot.py). CDNA:
+    the AMD CDNA generation (`Target.cdna`, 0 elsewhere): CDNA 3 has only the FNUZ FP8
+    conversions, which the encoder and E4M3 decoder reach OCP codes through
+    (`_common.encode_fp8_fnuz`); every CDNA finds a row's largest magnitude with integer max
+    instructions (`_common.row_absmax`).
     """
     return {
         "HW": target.compiled,
         "FP8_HW": target.fp8_hw,
-        "OP16": target.compiled and dtype in (torch.bfloat16, torch.float16),
         "DOT_PREC": "tf32x3" if target.backend == "cuda" else "ieee",
         "KRON": int(target.backend == "cuda" and int(target.arch) == 90),
         "CDNA": target.cdna,
     }
+
+
+def op16(kernel: str, target: Target, dtype: torch.dtype, config: CompressionConfig) -> bool:
+    """OP16 of the kernels with a transform of 16-bit operands: the dot's operands stay 16-bit,
+    exact on tensor cores (products with the table's powers of two are exact; they accumulate in
+    FP32); the interpreter's bf16 dot is not exact, so it computes in FP32 there. "compress": the
+    input in its own dtype `dtype`, if bf16 or fp16 and with dual scales (the single-scale mode
+    pre-scales in FP32 first). "decompress": the decoded codes in fp16, exact for every codec,
+    whatever the output dtype. (The reduce's operands are its FP32 sums: it has no OP16.)"""
+    if kernel == "compress":
+        return target.compiled and dtype in (torch.bfloat16, torch.float16) and config.scales == "dual"
+    if kernel == "decompress":
+        return target.compiled
+    raise ValueError(f"op16: no 16-bit transform operands in kernel {kernel!r}; 'compress' or 'decompress'")
 
 
 #: Warp counts of the sub-byte kernels: (kernel, codec, stochastic, G, Hadamard, warps), the first
@@ -120,6 +138,17 @@ SUBBYTE_WARPS = (
     ("decompress", "int6", None, 32, True, 8),    # 4 spill 8 B on sm_120
     ("reduce", "int6", None, None, None, 4),      # 8 no faster anywhere, slower on sm_90
 )
+
+#: Minimum warps of a kernel, applied to whatever chose them (a forced block, a tuned entry, the
+#: heuristic): (kernel, dual scales, G, warps), None matches anything. "compress_slots" (the
+#: collectives' slotted compress) shares "compress"'s tuned entries and heuristic (the tuner
+#: times the dense launch; both run the same tile code), but its loop over slots holds more.
+WARP_FLOORS = (
+    ("compress_slots", False, 256, 8),  # bench/aot.py, sm_90: 4 warps hold 255 registers and spill 64 B (8: 207, none)
+)
+
+# Kernel names that look up another's tuned entries and heuristic.
+_TUNED_AS = {"compress_slots": "compress"}
 
 
 def heuristic(kernel: str, config: CompressionConfig, backend: str = "cuda") -> dict:
@@ -169,16 +198,24 @@ def register_tuned_lookup(lookup) -> None:
 
 
 def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config: CompressionConfig, numel: int) -> dict:
-    """Launch parameters for `kernel` ("compress", "decompress", ...) on this problem."""
+    """Launch parameters for `kernel` ("compress", "compress_slots", "decompress", "reduce") on this problem."""
+    base = _TUNED_AS.get(kernel, kernel)
     pinned = _FORCED.get()
     if pinned is not None:
-        return pinned
-    if device.type != "cuda" or interpreting():
+        found = pinned
+    elif device.type != "cuda" or interpreting():
         autotune_mode()  # unused here, but a TACO_AUTOTUNE typo raises on every backend, not only on GPUs
-        return heuristic(kernel, config)
-    found = _tuned_lookup(kernel, device, dtype, config, numel) if _tuned_lookup is not None else None
-    # a ROCm build of torch drives AMD GPUs only: no device query needed for the backend
-    return found if found is not None else heuristic(kernel, config, "hip" if torch.version.hip is not None else "cuda")
+        found = heuristic(base, config)
+    else:
+        found = _tuned_lookup(base, device, dtype, config, numel) if _tuned_lookup is not None else None
+        # a ROCm build of torch drives AMD GPUs only: no device query needed for the backend
+        if found is None:
+            found = heuristic(base, config, "hip" if torch.version.hip is not None else "cuda")
+    for k, dual, g, warps in WARP_FLOORS:
+        if (k == kernel and dual in (None, config.scales == "dual") and g in (None, config.group_size)
+                and found.get("num_warps", 4) < warps):
+            return {**found, "num_warps": warps}
+    return found
 
 
 @dataclass(frozen=True)
@@ -218,9 +255,43 @@ def _resident_per_sm(compiled, index: int) -> int:
     return max(1, min(limits))
 
 
+#: What a launch passes besides the kernel's parameters: Triton's compile options.
+LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "enable_fp_fusion"})
+
+
+@functools.cache
+def _parameters(py_fn) -> tuple[tuple[str, ...], frozenset[str], frozenset[str], frozenset[str]]:
+    """(runtime parameters in order, the same as a set, constexpr parameters, those and the launch
+    options: the keys of a launch's meta) of a kernel's function."""
+    params = [KernelParam(i, p, False, False) for i, p in enumerate(inspect.signature(py_fn).parameters.values())]
+    runtime = tuple(p.name for p in params if not p.is_constexpr)
+    if [p.name for p in params[: len(runtime)]] != list(runtime):
+        raise TypeError(f"{py_fn.__name__}: its runtime parameters must precede its constexprs (`Prepared` passes them by position)")
+    constexprs = frozenset(p.name for p in params if p.is_constexpr)
+    return runtime, frozenset(runtime), constexprs, constexprs | LAUNCH_OPTIONS
+
+
+def kernel_parameters(fn) -> tuple[tuple[str, ...], frozenset[str]]:
+    """(runtime parameter names in the kernel's order, constexpr parameter names) of a
+    `@triton.jit` kernel, compiled (`JITFunction`) or interpreted, by Triton's own rule
+    (`KernelParam.is_constexpr`: a parameter annotated `tl.constexpr`)."""
+    runtime, _, constexprs, _ = _parameters(fn.fn)
+    return runtime, constexprs
+
+
+def _mismatch(fn, what: str, given, declared) -> str:
+    missing, unknown = sorted(set(declared) - set(given)), sorted(set(given) - set(declared))
+    return (f"{getattr(fn, '__name__', fn)}: {what} missing {missing}, unknown {unknown}"
+            if missing or unknown else "")
+
+
 @dataclass(frozen=True)
 class Launch:
-    """One launch of a persistent kernel over `n_tiles` tiles: `fn[grid](*args, **meta)`.
+    """One launch of a persistent kernel over `n_tiles` tiles: `fn[grid](*args.values(), **meta)`.
+
+    `args` maps each runtime parameter of the kernel to its value, `meta` each constexpr
+    parameter and each launch option (`LAUNCH_OPTIONS`): exactly those, or ValueError naming the
+    missing and the unknown. `args` is kept in the kernel's order.
 
     The grid is as many programs as the GPU keeps resident at once (never more: a program that
     waits for a free SM would start its share of tiles only after another finished all of its
@@ -229,9 +300,20 @@ class Launch:
 
     fn: object
     n_tiles: int
-    args: tuple
-    meta: dict = field(default_factory=dict)
+    args: dict
+    meta: dict
     device: torch.device | None = None
+
+    def __post_init__(self):
+        runtime, runtime_set, _, meta_keys = _parameters(self.fn.fn)
+        # comparisons of the keys, no set built: outside `Prepared` a launch is built per call
+        in_order = tuple(self.args) == runtime
+        if not (in_order or self.args.keys() == runtime_set) or self.meta.keys() != meta_keys:
+            problems = [_mismatch(self.fn, "arguments", self.args, runtime),
+                        _mismatch(self.fn, "constexprs and options", self.meta, meta_keys)]
+            raise ValueError("; ".join(p for p in problems if p))
+        if not in_order:  # the builders list them in order: `run` passes them by position
+            object.__setattr__(self, "args", {name: self.args[name] for name in runtime})
 
     def grid(self) -> tuple:
         if self.device is None or self.device.type != "cuda" or interpreting():
@@ -240,47 +322,54 @@ class Launch:
         key = (self.fn, tuple(sorted((k, str(v)) for k, v in self.meta.items())), index)
         per_sm = _RESIDENT.get(key)
         if per_sm is None:
-            compiled = self.fn.warmup(*self.args, grid=(1,), **self.meta)
+            compiled = self.fn.warmup(*self.args.values(), grid=(1,), **self.meta)
             per_sm = _RESIDENT[key] = _resident_per_sm(compiled, index)
         return (max(1, min(self.n_tiles, per_sm * multiprocessors(index))),)
 
     def run(self):
-        return self.fn[self.grid()](*self.args, **self.meta)
+        return self.fn[self.grid()](*self.args.values(), **self.meta)
 
 
-def launch_meta(target: Target, dtype: torch.dtype, params: dict, **constexprs) -> dict:
-    """Constexprs plus the target's flags and the launch options every kernel uses."""
-    return {**constexprs, **target_flags(target, dtype), **params, "enable_fp_fusion": False}
+def launch_meta(target: Target, params: dict, **constexprs) -> dict:
+    """A kernel's constexprs plus the target's flags and the launch options."""
+    return {**constexprs, **target_flags(target), **params, "enable_fp_fusion": False}
 
 
 class Prepared:
     """A `Launch` made ready for repeated calls: its grid and meta computed once, its arguments a
-    template in which a call replaces only those that change (`varying` positions).
+    template in which a call replaces only those that change (`varying`: parameter names of the
+    kernel; ValueError naming any it does not have).
 
+    `call(*values)` takes the varying arguments in the order of `varying` (or by their names).
     A call of a prepared launch costs one Triton launch: no layout, no launch parameters, no grid
     lookup, no argument list built. The call is a function generated once (as `dataclasses`
     generates its methods) whose fixed arguments are bound as defaults, i.e. as locals. It calls
     the kernel's `run(*args, grid=, warmup=False, **meta)` directly, which is what `fn[grid](*args,
-    **meta)` calls (Triton's `KernelInterface.__getitem__`), with one packing of the keywords fewer.
+    **meta)` calls (Triton's `KernelInterface.__getitem__`), with one packing of the keywords fewer;
+    the arguments by position, in the kernel's order.
     """
 
-    __slots__ = ("args", "call", "fn", "grid", "launcher", "meta", "varying")
+    __slots__ = ("args", "call", "fn", "grid", "meta", "varying")
 
-    def __init__(self, launch: Launch, varying: tuple[int, ...]):
+    def __init__(self, launch: Launch, varying: tuple[str, ...]):
         self.fn, self.grid, self.meta = launch.fn, launch.grid(), launch.meta
-        self.launcher = launch.fn[self.grid]  # Triton's launch bound to the grid, made once
-        self.args, self.varying = list(launch.args), tuple(varying)
-        if any(not 0 <= i < len(self.args) for i in self.varying) or len(set(self.varying)) != len(self.varying):
-            raise ValueError(f"varying positions {varying} must be distinct indices of {len(self.args)} arguments")
-        names = [f"v{self.varying.index(i)}" if i in self.varying else f"c{i}" for i in range(len(self.args))]
-        fixed = [f"c{i}=_args[{i}]" for i in range(len(self.args)) if i not in self.varying]
-        params = ", ".join([f"v{j}" for j in range(len(self.varying))] + ["*", "_fn=_kernel", "_kw=_run_kw"] + fixed)
+        self.args, self.varying = dict(launch.args), tuple(varying)
+        runtime, constexprs = kernel_parameters(self.fn)
+        unknown = [v for v in self.varying if v not in self.args]
+        if unknown or len(set(self.varying)) != len(self.varying):
+            raise ValueError(f"{getattr(self.fn, '__name__', self.fn)}: varying {list(varying)} must be distinct "
+                             f"runtime parameters; unknown {unknown} (constexprs {sorted(set(unknown) & constexprs)} are "
+                             f"fixed by the launch); its runtime parameters: {list(runtime)}")
+        fixed = [name for name in runtime if name not in self.varying]
+        # the kernel's parameter names are identifiers; the fixed ones get a prefix no kernel uses
+        params = ", ".join([*self.varying, "*", "_fn=_kernel", "_kw=_run_kw"] + [f"_c_{n}=_args[{n!r}]" for n in fixed])
+        passed = ", ".join(n if n in self.varying else f"_c_{n}" for n in runtime)
         # `_fn.run` is looked up per call: instrumentation (host_audit) may replace `run` on the class
-        source = f"def call({params}):\n    return _fn.run({', '.join(names)}, **_kw)\n"
+        source = f"def call({params}):\n    return _fn.run({passed}, **_kw)\n"
         run_kw = {**self.meta, "grid": self.grid, "warmup": False}
         scope = {"_kernel": self.fn, "_run_kw": run_kw, "_args": self.args}
-        exec(source, scope)  # noqa: S102 - generated from integer positions only
+        exec(source, scope)  # noqa: S102 - generated from the kernel's own parameter names only
         self.call = scope["call"]
 
-    def __call__(self, *values):
-        return self.call(*values)
+    def __call__(self, *values, **named):
+        return self.call(*values, **named)

@@ -17,8 +17,8 @@ import triton.language as tl
 from .. import alloc
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
-from ._common import STOCHASTIC, codec_constexprs, hadamard_rows, load_tables, row_absmax
-from ._launch import Launch, Target, launch_meta, launch_params, target_of
+from ._common import STOCHASTIC, codec_constexprs, encoder_constexprs, hadamard_rows, load_tables, row_absmax
+from ._launch import Launch, Target, launch_meta, launch_params, op16, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, quantize_store, taco_prescale, tile_rows
 from ._slot_io import (
@@ -75,7 +75,7 @@ def _compress_tile(
 def _compress_kernel(
     x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, tile0,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0, TAIL: tl.constexpr = False,
     CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False,
 ):
@@ -97,7 +97,7 @@ def _compress_kernel(
 def _compress_slots_kernel(
     x_ptr, out_ptr, desc_ptr, h_ptr, h16_ptr, n_chunks, seed, seq_ptr,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
     ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False,
 ):
@@ -162,18 +162,19 @@ def _int4_words(config: CompressionConfig) -> bool:
     return not config.stochastic
 
 
-def _meta(x_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int) -> dict:
-    meta = launch_meta(
-        target, x_dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
-        **codec_constexprs(config.spec, code_address, int4_words=_int4_words(config)), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
-        ROUND=int(STOCHASTIC) if config.stochastic else 0,
-    )
-    meta["OP16"] = target.compiled and x_dtype in (torch.bfloat16, torch.float16) and config.scales == "dual"
+def _meta(x_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int, **extra) -> dict:
+    """The constexprs of both compress kernels (`extra`: those of one) and the launch options."""
+    operands16 = op16("compress", target, x_dtype, config)
     # FP32 input at G = 128 on NVIDIA's mma.sync targets (sm_80 .. sm_89, sm_120): the dot by K chunks
     # (`_common._dot_k_chunks`; one dot spilled 1240 B on sm_89, 1144 B on sm_120, by bench/aot.py)
-    meta["K_CHUNKS"] = (target.backend == "cuda" and (int(target.arch) < 90 or int(target.arch) >= 120)
-                        and config.group_size == 128 and config.scales == "dual" and not meta["OP16"])
-    return meta
+    k_chunks = (target.backend == "cuda" and (int(target.arch) < 90 or int(target.arch) >= 120)
+                and config.group_size == 128 and config.scales == "dual" and not operands16)
+    return launch_meta(
+        target, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
+        **codec_constexprs(config.spec, code_address, int4_words=_int4_words(config)),
+        **encoder_constexprs(config.spec), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
+        ROUND=int(STOCHASTIC) if config.stochastic else 0, OP16=operands16, K_CHUNKS=k_chunks, **extra,
+    )
 
 
 def _tables(x_dtype, config: CompressionConfig, meta: dict, device):
@@ -191,20 +192,24 @@ def compress_launches(x, codes, a, b, numel: int, config: CompressionConfig, tar
                       device: torch.device | None = None, split: bool = True) -> tuple[Launch, ...]:
     """The launches that compress `numel` elements of x into (codes, a, b): one, or with `split`
     and a size that is not a multiple of 16, an aligned main launch and a one-program tail
-    (`_tile.aligned_split`). All take the same pointer arguments (positions 0-3)."""
+    (`_tile.aligned_split`). All take the same pointer arguments (x_ptr, codes_ptr, scale_a_ptr,
+    scale_b_ptr)."""
     layout = WireLayout.of(numel, config)
-    meta = _meta(x.dtype, config, target, params, codes.data_ptr())
+    meta = _meta(x.dtype, config, target, params, codes.data_ptr(), TAIL=False)
     h, h16 = _tables(x.dtype, config, meta, device)
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
     main = aligned_split(numel) if split else 0
+
+    def launch(tiles: int, meta: dict, numel: int, n_groups: int, n_sb: int, n_tiles: int, tile0: int) -> Launch:
+        return Launch(_compress_kernel, tiles, dict(
+            x_ptr=x, codes_ptr=codes, scale_a_ptr=a, scale_b_ptr=b, h_ptr=h, h16_ptr=h16, numel=numel,
+            n_groups=n_groups, n_sb=n_sb, n_tiles=n_tiles, seed=config.seed, tile0=tile0), meta, device)
+
     if main == 0:
-        return (Launch(_compress_kernel, n_tiles, (x, codes, a, b, h, h16, numel, layout.n_groups,
-                                                   layout.n_superblocks, n_tiles, config.seed, 0), meta, device),)
+        return (launch(n_tiles, meta, numel, layout.n_groups, layout.n_superblocks, n_tiles, 0),)
     t0 = main // TILE_ELEMS
-    return (Launch(_compress_kernel, t0, (x, codes, a, b, h, h16, main, main // config.group_size,
-                                          main // SUPERBLOCK_ELEMS, t0, config.seed, 0), meta, device),
-            Launch(_compress_kernel, 1, (x, codes, a, b, h, h16, numel, layout.n_groups, layout.n_superblocks,
-                                         n_tiles, config.seed, t0), {**meta, "TAIL": True}, device))
+    return (launch(t0, meta, main, main // config.group_size, main // SUPERBLOCK_ELEMS, t0, 0),
+            launch(1, {**meta, "TAIL": True}, numel, layout.n_groups, layout.n_superblocks, n_tiles, t0))
 
 
 def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: CompressionConfig, target: Target,
@@ -212,18 +217,16 @@ def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: Comp
                           elem_align: int = 1, seq_ptr: torch.Tensor | None = None) -> Launch:
     """The launch that compresses `n_slots` pieces of x into their slots of `out` (uint8 wire
     buffer, slots 16-byte aligned), tags and padding included; `desc` the slots' descriptor table
-    (`slots.descriptors`), `n_tiles` their tiles in all, `seed` the salted seed (default: the
-    config's), `elem_align` a number of elements every piece's first element and size are
-    multiples of (16 keeps vector loads; 1 assumes nothing), `seq_ptr` a device counter the
-    stochastic seed is salted with on the device (`slots.seed_counter`; None: not used)."""
-    if config.scales != "dual" and config.group_size == 256 and params.get("num_warps", 4) < 8:
-        # bench/aot.py, sm_90: 4 warps hold 255 registers and spill 64 B here (8 warps: 207, none)
-        params = {**params, "num_warps": 8}
-    meta = _meta(x.dtype, config, target, params, out.data_ptr())
-    meta["ELEM_ALIGN"] = elem_align
+    (`slots.descriptors`), `n_tiles` their tiles in all, `params` from
+    `launch_params("compress_slots", ...)`, `seed` the salted seed (default: the config's),
+    `elem_align` a number of elements every piece's first element and size are multiples of (16
+    keeps vector loads; 1 assumes nothing), `seq_ptr` a device counter the stochastic seed is
+    salted with on the device (`slots.seed_counter`; None: not used)."""
+    meta = _meta(x.dtype, config, target, params, out.data_ptr(), ELEM_ALIGN=elem_align)
     h, h16 = _tables(x.dtype, config, meta, device)
     return Launch(_compress_slots_kernel, n_tiles,
-                  (x, out, desc, h, h16, n_slots, config.seed if seed is None else seed, seq_ptr), meta, device)
+                  dict(x_ptr=x, out_ptr=out, desc_ptr=desc, h_ptr=h, h16_ptr=h16, n_chunks=n_slots,
+                       seed=config.seed if seed is None else seed, seq_ptr=seq_ptr), meta, device)
 
 
 def compress_triton(x: torch.Tensor, config: CompressionConfig, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -18,7 +18,7 @@ import triton.language as tl
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
 from ._common import E4M3, INT8, codec_constexprs, decode_target_codes, hadamard_rows, load_codes, load_tables
-from ._launch import Launch, Target, launch_meta, launch_params, target_of
+from ._launch import Launch, Target, launch_meta, launch_params, op16, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, load_scales, pin_rows, store_dense, tile_rows
 from ._slot_io import (
@@ -80,9 +80,8 @@ def _decompress_tile(
 def _decompress_kernel(
     codes_ptr, scale_a_ptr, scale_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, out_max, inf_above,
     tile0,
-    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
+    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
+    PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
     TAIL: tl.constexpr = False, CDNA: tl.constexpr = 0,
 ):
     h, h16 = h_ptr, h16_ptr
@@ -102,9 +101,8 @@ def _decompress_kernel(
 @triton.jit(do_not_specialize=["k", "seq"])
 def _decompress_slots_kernel(
     data_ptr, out_ptr, desc_ptr, err_ptr, h_ptr, h16_ptr, n_chunks, out_max, inf_above, k, seq,
-    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
+    G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
+    PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
     ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0,
 ):
     """Decompress n_chunks slots of one received buffer into their pieces of out, in one launch.
@@ -148,14 +146,13 @@ def _decompress_slots_kernel(
 
 
 def _meta(out_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int,
-          inf_above: float) -> dict:
-    meta = launch_meta(
-        target, out_dtype, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
+          inf_above: float, **extra) -> dict:
+    """The constexprs of both decompress kernels (`extra`: those of one) and the launch options."""
+    return launch_meta(
+        target, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
         **codec_constexprs(config.spec, code_address), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
-        OVERFLOW=inf_above != math.inf,
+        OVERFLOW=inf_above != math.inf, OP16=op16("decompress", target, out_dtype, config), **extra,
     )
-    meta["OP16"] = target.compiled
-    return meta
 
 
 def _tables(config: CompressionConfig, meta: dict, device):
@@ -174,21 +171,26 @@ def decompress_launches(codes, a, b, out, numel: int, config: CompressionConfig,
                         split: bool = True) -> tuple[Launch, ...]:
     """The launches that decompress (codes, a, b) into `numel` elements of out: one, or with
     `split` and a size that is not a multiple of 16, an aligned main launch and a one-program
-    tail (`_tile.aligned_split`). All take the same pointer arguments (positions 0-3)."""
+    tail (`_tile.aligned_split`). All take the same pointer arguments (codes_ptr, scale_a_ptr,
+    scale_b_ptr, out_ptr)."""
     layout = WireLayout.of(numel, config)
-    meta = _meta(out.dtype, config, target, params, codes.data_ptr(), inf_above)
+    meta = _meta(out.dtype, config, target, params, codes.data_ptr(), inf_above, TAIL=False)
     h, h16 = _tables(config, meta, device)
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
-    top = torch.finfo(out.dtype).max
     main = aligned_split(numel) if split else 0
+
+    top = torch.finfo(out.dtype).max
+
+    def launch(tiles: int, meta: dict, numel: int, n_groups: int, n_sb: int, n_tiles: int, tile0: int) -> Launch:
+        return Launch(_decompress_kernel, tiles, dict(
+            codes_ptr=codes, scale_a_ptr=a, scale_b_ptr=b, out_ptr=out, h_ptr=h, h16_ptr=h16, numel=numel,
+            n_groups=n_groups, n_sb=n_sb, n_tiles=n_tiles, out_max=top, inf_above=inf_above, tile0=tile0), meta, device)
+
     if main == 0:
-        return (Launch(_decompress_kernel, n_tiles, (codes, a, b, out, h, h16, numel, layout.n_groups,
-                                                     layout.n_superblocks, n_tiles, top, inf_above, 0), meta, device),)
+        return (launch(n_tiles, meta, numel, layout.n_groups, layout.n_superblocks, n_tiles, 0),)
     t0 = main // TILE_ELEMS
-    return (Launch(_decompress_kernel, t0, (codes, a, b, out, h, h16, main, main // config.group_size,
-                                            main // SUPERBLOCK_ELEMS, t0, top, inf_above, 0), meta, device),
-            Launch(_decompress_kernel, 1, (codes, a, b, out, h, h16, numel, layout.n_groups, layout.n_superblocks,
-                                           n_tiles, top, inf_above, t0), {**meta, "TAIL": True}, device))
+    return (launch(t0, meta, main, main // config.group_size, main // SUPERBLOCK_ELEMS, t0, 0),
+            launch(1, {**meta, "TAIL": True}, numel, layout.n_groups, layout.n_superblocks, n_tiles, t0))
 
 
 def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int, config: CompressionConfig,
@@ -196,14 +198,15 @@ def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int,
                             inf_above: float = math.inf, elem_align: int = 1) -> Launch:
     """The launch that checks the tags of `n_slots` slots of `data` and decompresses each into its
     piece of `out` (flat, contiguous); `desc` the slots' descriptor table, `errors` the
-    `slots.ErrorRecord` tensor. Runtime arguments k (slice) and seq (call) follow the constant ones:
-    `Launch.args` holds them as 0; `Prepared` passes them per call. `elem_align`: as in
+    `slots.ErrorRecord` tensor. The arguments k (slice) and seq (call) name the call in an error
+    record: 0 here; `Prepared` passes them per call. `elem_align`: as in
     `compress.compress_slots_launch`, for the pieces of `out`."""
-    meta = _meta(out.dtype, config, target, params, data.data_ptr(), inf_above)
-    meta["ELEM_ALIGN"] = elem_align
+    meta = _meta(out.dtype, config, target, params, data.data_ptr(), inf_above, ELEM_ALIGN=elem_align)
     h, h16 = _tables(config, meta, device)
     return Launch(_decompress_slots_kernel, n_tiles,
-                  (data, out, desc, errors, h, h16, n_slots, torch.finfo(out.dtype).max, inf_above, 0, 0), meta, device)
+                  dict(data_ptr=data, out_ptr=out, desc_ptr=desc, err_ptr=errors, h_ptr=h, h16_ptr=h16,
+                       n_chunks=n_slots, out_max=torch.finfo(out.dtype).max, inf_above=inf_above, k=0, seq=0),
+                  meta, device)
 
 
 def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig,

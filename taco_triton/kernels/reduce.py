@@ -23,6 +23,7 @@ from ._common import (
     STOCHASTIC,
     codec_constexprs,
     decode_target_codes,
+    encoder_constexprs,
     hadamard_rows,
     load_codes,
     load_tables,
@@ -40,8 +41,8 @@ def _reduce_kernel(
     out_codes_ptr, out_a_ptr, out_b_ptr, out_ptr, h_ptr, h16_ptr, numel, n_groups, n_sb, n_tiles, seed, scale,
     out_max, inf_above, err_ptr, tag_in, tag_out, tag_pos, tag_end, k, seq, a_off, b_off, seq_ptr,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, SUB: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
-    ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr,
+    DUAL: tl.constexpr, ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr,
     DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False, KRON: tl.constexpr = 0,
     CDNA: tl.constexpr = 0, SCALED: tl.constexpr = True,
 ):
@@ -133,8 +134,8 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     sum NaN and fills the `slots.ErrorRecord` tensor `errors`); the compressed sum gets tag_out and
     zero padding up to slot_end. The kernel then finds the scale regions itself, at their byte
     offsets in each row (and in the output slot): in_a, in_b (o_a, o_b) may be the uint8 rows
-    (the output slot) themselves, so a call needs no views. The last two arguments, k (slice) and seq (call), name the call
-    in an error record (0 here; the collectives pass theirs per call). seq_ptr: as in
+    (the output slot) themselves, so a call needs no views. The arguments k (slice) and seq (call) name the
+    call in an error record (0 here; the collectives pass theirs per call). seq_ptr: as in
     `compress.compress_slots_launch`. Raises ValueError for n_ranks < 1."""
     if n_ranks < 1:
         raise ValueError(f"the reduce sums at least one rank's buffer, got n_ranks={n_ranks}")
@@ -143,19 +144,19 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     h, h16 = hadamard_tables(config.group_size, 1.0, torch.float32, device, shaped=device is None)
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
     meta = launch_meta(
-        target, torch.float32, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size,
-        SBT=SB_PER_TILE, **codec_constexprs(config.spec, *code_addresses), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
-        ROUND=int(STOCHASTIC) if config.stochastic else 0, DENSE=dense, OVERFLOW=inf_above != math.inf,
-        SCALED=scale != 1.0,
+        target, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
+        **codec_constexprs(config.spec, *code_addresses), **encoder_constexprs(config.spec),
+        HADAMARD=config.hadamard, DUAL=config.scales == "dual", ROUND=int(STOCHASTIC) if config.stochastic else 0,
+        DENSE=dense, OVERFLOW=inf_above != math.inf, TAGGED=tags is not None, SCALED=scale != 1.0,
     )
-    out_max = torch.finfo(target_out.dtype).max if dense else 0.0
     errors, tag_in, tag_out, tag_end = (target_out, 0, 0, 0) if tags is None else tags
-    if tags is not None:
-        meta["TAGGED"] = True
-    return Launch(_reduce_kernel, n_tiles,
-                  (in_c, in_a, in_b, *strides, n_ranks, o_c, o_a, o_b, target_out, h, h16, numel, layout.n_groups,
-                   layout.n_superblocks, n_tiles, config.seed, scale, out_max, inf_above, errors, tag_in, tag_out,
-                   layout.nbytes, tag_end, 0, 0, layout.scale_a_offset, layout.scale_b_offset, seq_ptr), meta, device)
+    return Launch(_reduce_kernel, n_tiles, dict(
+        in_codes_ptr=in_c, in_a_ptr=in_a, in_b_ptr=in_b, stride_codes=strides[0], stride_a=strides[1],
+        stride_b=strides[2], n_ranks=n_ranks, out_codes_ptr=o_c, out_a_ptr=o_a, out_b_ptr=o_b, out_ptr=target_out,
+        h_ptr=h, h16_ptr=h16, numel=numel, n_groups=layout.n_groups, n_sb=layout.n_superblocks, n_tiles=n_tiles,
+        seed=config.seed, scale=scale, out_max=torch.finfo(target_out.dtype).max if dense else 0.0,
+        inf_above=inf_above, err_ptr=errors, tag_in=tag_in, tag_out=tag_out, tag_pos=layout.nbytes, tag_end=tag_end,
+        k=0, seq=0, a_off=layout.scale_a_offset, b_off=layout.scale_b_offset, seq_ptr=seq_ptr), meta, device)
 
 
 def reduce_triton(
