@@ -92,7 +92,7 @@ lint: $(DOCS_STAMP)
 	$(PY) -m ruff check .
 
 bench: $(STAMP)
-	$(PY) bench/kernels.py
+	$(PY) bench/kernel_speed.py
 
 wheel:
 	rm -rf $(DIST) build && $(PYTHON) -m pip wheel -q --no-deps -w $(DIST) . && rm -rf build

@@ -142,7 +142,7 @@ record() {  # name status rc seconds limit log command
 # run_step MODE NAME CAP_S MIN_S LOGFILE -- COMMAND...
 #   MODE run:  run COMMAND under `timeout` (the smaller of CAP_S and the budget left); skip it when
 #              less than MIN_S seconds are left. Output is appended to $OUT/LOGFILE. An argument
-#              @BUDGET@ becomes the step's time limit less 20 s (for bench/kernels.py --time-budget).
+#              @BUDGET@ becomes the step's time limit less 20 s (for bench/kernel_speed.py --time-budget).
 #   MODE plan: only print COMMAND (the GPU steps of a dry run).
 run_step() {
   local mode=$1 name=$2 cap=$3 min=$4 logf=$5; shift 6
@@ -183,7 +183,7 @@ run_step "$GPU" nvidia_smi 20 5 env.txt -- nvidia-smi
 run_step "$GPU" nvidia_smi_query 20 5 env.txt -- nvidia-smi \
   --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu \
   --format=csv
-run_step run python_env 60 5 env.txt -- "$PY" bench/kernels.py --print-env
+run_step run python_env 60 5 env.txt -- "$PY" bench/kernel_speed.py --print-env
 
 # 2. The test suite on the GPU.
 # The device-facing tests only (the CPU-process suites - collectives on gloo, training, notebooks -
@@ -224,11 +224,11 @@ fi
 # 3. The kernel benchmark: default config, 1 MiB .. 1 GiB of bf16.
 SIZES=1M,4M,16M,64M,256M,1G
 if (( DRY_RUN )); then
-  run_step plan bench_kernels 150 40 bench.log -- "$PY" bench/kernels.py --sizes "$SIZES" --time-budget @BUDGET@ --csv "$OUT/"
-  run_step run bench_kernels_cpu_quick 240 40 bench.log -- env TRITON_INTERPRET=1 "$PY" bench/kernels.py --quick \
+  run_step plan bench_kernels 150 40 bench.log -- "$PY" bench/kernel_speed.py --sizes "$SIZES" --time-budget @BUDGET@ --csv "$OUT/"
+  run_step run bench_kernels_cpu_quick 240 40 bench.log -- env TRITON_INTERPRET=1 "$PY" bench/kernel_speed.py --quick \
     --csv "$OUT/"
 else
-  run_step run bench_kernels 150 40 bench.log -- "$PY" bench/kernels.py --sizes "$SIZES" --time-budget @BUDGET@ \
+  run_step run bench_kernels 150 40 bench.log -- "$PY" bench/kernel_speed.py --sizes "$SIZES" --time-budget @BUDGET@ \
     --csv "$OUT/"
 fi
 
@@ -253,7 +253,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 
 # 5. Variants (int8, G=256) with the time that is left. $OUT now holds its 9 files.
-run_step "$GPU" bench_variants 110 40 bench.log -- "$PY" bench/kernels.py --sizes "$SIZES" --time-budget @BUDGET@ \
+run_step "$GPU" bench_variants 110 40 bench.log -- "$PY" bench/kernel_speed.py --sizes "$SIZES" --time-budget @BUDGET@ \
   --config int8:128 --config fp8_e4m3:256 --tag variants --csv "$OUT/"
 
 write_summary

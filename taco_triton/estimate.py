@@ -21,7 +21,7 @@ Model (per rank, full-duplex links, the nccl-tests cost model that `WireStats` c
   message, decodes P chunks and re-encodes one in the fused reduce, and decompresses the result,
   3 + 1/P passes; reduce_scatter 2 (compress, fused decode-sum); all_gather 1 + 1/P.
   `codec_gbytes_s` is the dense (input dtype) bytes a compress or decompress pass processes per
-  second: measure it with `bench/kernels.py` on your GPU (its `bytes` column also counts the
+  second: measure it with `bench/kernel_speed.py` on your GPU (its `bytes` column also counts the
   compressed side, so divide its `logical_gbps` by about 1.5 for bf16). None leaves the codec
   out: the result is then the ceiling the wire ratio allows, not a prediction.
 - host time = kernel launches x `host_us_per_launch`: the compressed collectives launch at most

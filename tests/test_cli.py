@@ -70,7 +70,7 @@ class _Parsed(Exception):
     """Raised instead of parsing: carries the CLI's finished parser."""
 
 
-CLIS = ["bench/kernels.py", "bench/gpu_bytes.py", "bench/collectives.py", "bench/real_tensors.py", "bench/train_throughput.py",
+CLIS = ["bench/kernel_speed.py", "bench/gpu_bytes.py", "bench/collectives.py", "bench/real_tensors.py", "bench/train_throughput.py",
         "autotune.sweep", "autotune.show", "taco_triton.examples.train_gpt", "taco_triton.demo",
         "notebooks/run_all.py", "bench/noise_ratio.py", "bench/convergence.py"]
 
@@ -165,7 +165,7 @@ def test_bench_kernels_user_error_is_one_line_and_exit_2(case, capsys):
 
     from .helpers import load_script
 
-    kernels = load_script(Path(__file__).resolve().parents[1] / "bench" / "kernels.py")
+    kernels = load_script(Path(__file__).resolve().parents[1] / "bench" / "kernel_speed.py")
     argv = ["--device", "cpu", "--impls", "copy", "--sizes", "64K"] + KERNELS_CASES[case]
     assert _exit_code(kernels.main, argv) == 2
     assert _one_clear_line(capsys.readouterr().err)
@@ -182,3 +182,17 @@ def test_help_describes_its_own_command_and_exits_zero(main, prog, says, capsys)
     out = capsys.readouterr().out
     assert exit_.value.code == 0
     assert out.startswith(f"usage: {prog} ") and says in out, out[:400]
+
+
+def test_no_bench_script_hides_an_installed_module():
+    """`python bench/x.py` puts bench/ first on sys.path, so a script named like an installed module hides
+    that module from everything the script imports: bench/kernels.py hid Hugging Face's `kernels`, which
+    transformers imports when it loads a model (and tests that put bench/ on their path hid it from the
+    rest of the session)."""
+    import importlib.machinery
+
+    bench = (ROOT / "bench").resolve()
+    path = [p for p in sys.path if Path(p or ".").resolve() not in (bench, ROOT)]
+    hidden = sorted(f.stem for f in bench.glob("*.py")
+                    if f.stem in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(f.stem, path))
+    assert not hidden, f"bench/ scripts named like installed modules: {hidden}"

@@ -41,7 +41,7 @@ CASES = [
     ("train-dtensor", ["-m", "taco_triton.examples.train_dtensor", *TINY_TRAIN, "--quiet"], "val_loss_vs_none_%"),
     ("train-megatron", ["-m", "taco_triton.examples.train_gpt", "--megatron", *TINY_TRAIN, "--quiet"],
      "val_loss_vs_none_%"),
-    ("bench-kernels", ["bench/kernels.py", "--quick", "--device", "cpu", "--sizes", "16384", "--impls",
+    ("bench-kernels", ["bench/kernel_speed.py", "--quick", "--device", "cpu", "--sizes", "16384", "--impls",
                        "triton,eager,copy", "--csv", "{tmp}/k.csv"],
      r"decompress\s+triton\s+[\d.]+"),
     ("bench-gpu-bytes", ["bench/gpu_bytes.py", "--device", "cpu", "--codecs", "fp8_e4m3", "--dtypes", "bf16",

@@ -29,7 +29,6 @@ import inspect
 from dataclasses import dataclass
 
 import torch
-from triton.runtime.jit import KernelParam
 
 from ..config import CompressionConfig
 from ..env import autotune_mode, interpreting
@@ -263,6 +262,8 @@ LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "enable_fp_fusion"})
 def _parameters(py_fn) -> tuple[tuple[str, ...], frozenset[str], frozenset[str], frozenset[str]]:
     """(runtime parameters in order, the same as a set, constexpr parameters, those and the launch
     options: the keys of a launch's meta) of a kernel's function."""
+    from triton.runtime.jit import KernelParam  # here: the collectives import this module with the package
+
     params = [KernelParam(i, p, False, False) for i, p in enumerate(inspect.signature(py_fn).parameters.values())]
     runtime = tuple(p.name for p in params if not p.is_constexpr)
     if [p.name for p in params[: len(runtime)]] != list(runtime):

@@ -27,12 +27,12 @@ agree closely (compress: differing codes at most two grid positions apart and ra
 within two output-dtype ulps). See `check_compress` / `check_decompress`.
 
 Usage:
-    python bench/kernels.py                         # CUDA: 1 MiB .. 1 GiB of bf16, default config
-    python bench/kernels.py --codec int8            # INT8 codes
-    python bench/kernels.py --group-size 256        # G = 256
-    python bench/kernels.py --variants              # default, int8 and G=256 in one CSV
-    python bench/kernels.py --quick   # CPU smoke run (tiny sizes; the Triton column in the interpreter)
-    python bench/kernels.py --device cpu --impls eager,bare,copy --sizes 8M   # the CPU backend
+    python bench/kernel_speed.py                         # CUDA: 1 MiB .. 1 GiB of bf16, default config
+    python bench/kernel_speed.py --codec int8            # INT8 codes
+    python bench/kernel_speed.py --group-size 256        # G = 256
+    python bench/kernel_speed.py --variants              # default, int8 and G=256 in one CSV
+    python bench/kernel_speed.py --quick   # CPU smoke run (tiny sizes; the Triton column in the interpreter)
+    python bench/kernel_speed.py --device cpu --impls eager,bare,copy --sizes 8M   # the CPU backend
 
 Exit status: 0; 1 when no size was benchmarked (e.g. --time-budget spent first); 2 for bad
 arguments or an unusable --device or --csv (one line on stderr, before any timing); 3 if a
