@@ -14,7 +14,7 @@ Model (per rank, full-duplex links, the nccl-tests cost model that `WireStats` c
   sends 2 (P-1)/P of its wire bytes (an all-to-all, then an all-gather, of the compressed
   chunks). reduce_scatter and all_gather send half as much, each way. Both take 2 (P-1) steps
   (all_reduce) or P-1 steps.
-- wire bytes come from `WireLayout` (codes, scales, per-chunk padding): exactly what each rank
+- wire bytes come from `WireLayout` (codes, scales) plus each chunk's 4-byte tag and padding: exactly what each rank
   sends when the message cuts into P equal chunks (all_reduce: super-block-aligned ones), the
   average over ranks otherwise.
 - codec time = element-passes x element size / `codec_gbytes_s`: all_reduce compresses the
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import INPUT_DTYPES, SUPERBLOCK_ELEMS, CompressionConfig
+from .kernels import slots
 from .layout import WireLayout
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
@@ -62,7 +63,6 @@ LAUNCHES_PER_SLICE = {"all_reduce": 3, "reduce_scatter": 2, "all_gather": 2}
 #: out (bench/results/host_overhead.csv: 6.0 us, 3.9x a 16-element torch.add timed in the same
 #: run). A GPU host's faster cores do better; Triton's own launch cost on a GPU is not in it.
 HOST_US_PER_LAUNCH = 6.0
-_WIRE_ALIGN = 16  # each compressed chunk's slot in the collectives' buffers is 16-byte aligned
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,13 @@ def _integer(name: str, value, low: int) -> int:
 
 def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, collective: str = "all_reduce") -> int:
     """Bytes of the compressed message as the collectives cut it into `ranks` chunks, each its own
-    WireLayout in a 16-byte-aligned slot: all_reduce cuts super-block-aligned chunks, reduce_scatter
-    and all_gather the equal first-dim shards."""
+    WireLayout in a slot with its 4-byte tag, padded to 16 bytes (`slots.slot_bytes`): all_reduce
+    cuts super-block-aligned chunks, reduce_scatter and all_gather the equal first-dim shards.
+
+    Example (1 Mi elements at P = 4, FP8: four slots of 264,464 bytes):
+        >>> compressed_wire_bytes(1 << 20, CompressionConfig(), 4)
+        1057856
+    """
     if collective == "all_reduce":
         chunk = -(-(-(-numel // ranks)) // SUPERBLOCK_ELEMS) * SUPERBLOCK_ELEMS
     else:
@@ -114,7 +119,7 @@ def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, col
     total = 0
     for j in range(ranks):
         n = max(0, min(chunk, numel - j * chunk))
-        total += -(-WireLayout.of(n, config).nbytes // _WIRE_ALIGN) * _WIRE_ALIGN
+        total += slots.slot_bytes(WireLayout.of(n, config).nbytes)
     return total
 
 
