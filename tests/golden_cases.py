@@ -148,10 +148,10 @@ class _Received:
 
 def _number_calls(n: int) -> None:
     """Start the collectives' and p2p's call numbers (they salt stochastic seeds) at `n`."""
-    from taco_triton.collectives import compressed, p2p
+    from taco_triton.collectives._state import STATE
 
-    compressed._calls = itertools.count(n)
-    p2p._sent = itertools.count(n)
+    STATE.calls = itertools.count(n)
+    STATE.messages_sent = itertools.count(n)
 
 
 def _stats(ws) -> str:
