@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from ..collectives import _pg, p2p
 from ..collectives import compressed as coll
+from ..collectives.work import Pending, all_of, completed
 from ..config import INPUT_DTYPES
 from . import sites
 
@@ -61,7 +62,6 @@ __all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupOptions", "Gr
 #: ``dist.init_process_group("taco")``, ``dist.new_group(ranks, backend="taco")``.
 BACKEND = "taco"
 
-_C10D = torch._C._distributed_c10d
 #: The site of point-to-point messages (the same at both ends; ``exempt=["p2p"]`` forwards them).
 P2P_SITE = "p2p"
 _COMPRESSIBLE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
@@ -135,88 +135,21 @@ def _op_of(opts):
     return None
 
 
-def _done(result, device: torch.device):
-    """A completed Work whose future holds `result` (on CUDA: with the current stream's events)."""
-    if device.type == "cuda" and result is not None:
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        fut = torch.futures.Future(devices=[device])
-    else:  # CPU work is done; a coalescing block's end has no tensors to order
-        fut = torch.futures.Future()
-    fut.set_result(result)
-    return _C10D._create_work_from_future(fut)
-
-
-def _all_of(works: list, result, device: torch.device):
-    """One Work that completes when every Work in `works` (None: already done) has."""
-    works = [w for w in works if w is not None]
-    if not works:
-        return _done(result, device)
-    return _WaitAll(works, result)
-
-
-class _WaitAll(dist.Work):
-    """The Work of a coalesced call: `wait()` waits for each part's Work, in order."""
-
-    def __init__(self, works: list, result):
-        super().__init__()
-        self._works, self._result = works, result
-
-    def wait(self, timeout=None) -> bool:
-        for w in self._works:
-            w.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._works)
-
-    def get_future(self):
-        try:
-            futures = [w.get_future() for w in self._works]
-        except RuntimeError:  # some Works have no future (gloo's reduce_scatter, send, ...): wait now
-            self.wait()
-            fut = torch.futures.Future()
-            fut.set_result(self._result)
-            return fut
-        return torch.futures.collect_all(futures).then(lambda _: self._result)
-
-
-class _DecodeOnWait(dist.Work):
+def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> Pending:
     """A compressed receive's Work: `wait()` waits for the wire buffer, then decompresses it into
     the caller's tensor (once); a failed receive keeps raising its error. It has no future
     (receives are waited on, as torch's gloo receives are)."""
 
-    def __init__(self, work, wire: torch.Tensor, tensor: torch.Tensor, cfg):
-        super().__init__()
-        self._work, self._wire, self._tensor, self._cfg = work, wire, tensor, cfg
-        self._error: BaseException | None = None
+    def finish():
+        work.wait()
+        if tensor.is_contiguous():
+            p2p.decode_into(wire, tensor, cfg)
+        else:
+            dense = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            p2p.decode_into(wire, dense, cfg)
+            tensor.copy_(dense)
 
-    def wait(self, timeout=None) -> bool:
-        if self._error is not None:
-            raise self._error
-        if self._wire is not None:
-            try:
-                self._work.wait()
-                if self._tensor.is_contiguous():
-                    p2p.decode_into(self._wire, self._tensor, self._cfg)
-                else:
-                    dense = torch.empty_like(self._tensor, memory_format=torch.contiguous_format)
-                    p2p.decode_into(self._wire, dense, self._cfg)
-                    self._tensor.copy_(dense)
-            except BaseException as e:
-                self._error = e
-                raise
-            self._wire = None
-        return True
-
-    def is_completed(self) -> bool:
-        return self._wire is None and self._error is None
-
-    def is_success(self) -> bool:
-        return self.is_completed()
-
-    def exception(self):
-        return self._error
+    return Pending(finish)
 
 
 class CompressingProcessGroup(dist.ProcessGroup):
@@ -340,7 +273,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         if cfg is None:
             return self._forward_all_reduce("allreduce", [t], opts)
         coll.all_reduce(t, self._inner_for(t), cfg, op=_op_of(opts), min_bytes=self.policy.min_bytes)
-        return self._track(_done([t], t.device))
+        return self._track(completed([t], t.device))
 
     def _forward_all_reduce(self, method: str, tensors, opts):
         n = sum(_nbytes(t) for t in tensors)
@@ -354,7 +287,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         one = dist.AllreduceOptions()
         one.reduceOp = opts.reduceOp
         works = [self._all_reduce_one(t, cfg, one) for t, cfg in zip(tensors, cfgs)]
-        return _all_of(works, list(tensors), tensors[0].device)
+        return all_of(works, list(tensors), tensors[0].device)
 
     # ------------------------------------------------------------------ reduce_scatter
     def reduce_scatter_single(self, output, input, opts=None):
@@ -368,7 +301,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             method = "reduce_scatter_single" if hasattr(inner, "reduce_scatter_single") else "_reduce_scatter_base"
             return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, method, output, input, opts)
         coll.reduce_scatter(output, input, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
-        return self._track(_done([output], output.device))
+        return self._track(completed([output], output.device))
 
     _reduce_scatter_base = reduce_scatter_single  # the name torch < 2.13 calls
 
@@ -383,7 +316,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             cfg = self._decide("reduce_scatter", flat, _nbytes(flat), op)
             if cfg is not None:
                 coll.reduce_scatter(out, flat, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
-                return self._track(_done(list(outputs), out.device))
+                return self._track(completed(list(outputs), out.device))
         n = sum(_nbytes(t) for ts in input_lists for t in ts)
         return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, "reduce_scatter",
                              outputs, input_lists, opts)
@@ -391,7 +324,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = dist.ReduceScatterOptions() if opts is None else opts
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _all_of(works, list(outputs), outputs[0].device)
+        return all_of(works, list(outputs), outputs[0].device)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch < 2.13
 
@@ -406,7 +339,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             return self._forward("all_gather", _nbytes(input), (self.size() - 1) * _nbytes(input), method,
                                  output, input, opts)
         coll.all_gather(output, input, inner, cfg, min_bytes=self.policy.min_bytes)
-        return self._track(_done([output], output.device))
+        return self._track(completed([output], output.device))
 
     _allgather_base = all_gather_single  # the name torch < 2.13 calls
 
@@ -423,7 +356,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
                 coll.all_gather(flat, inp.reshape(-1), inner, cfg, min_bytes=self.policy.min_bytes)
                 for o, part in zip(outs, flat.view(self.size(), -1)):
                     o.copy_(part.view(o.shape))
-                return self._track(_done(output_lists, inp.device))
+                return self._track(completed(output_lists, inp.device))
         # forwarded in its own form: inner's Work writes the caller's outputs itself
         n = sum(_nbytes(t) for t in inputs)
         return self._forward("all_gather", n, (self.size() - 1) * n, "allgather", output_lists, inputs, opts)
@@ -436,7 +369,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = dist.AllgatherOptions() if opts is None else opts
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _all_of(works, list(outputs), outputs[0].device)
+        return all_of(works, list(outputs), outputs[0].device)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch < 2.13
 
@@ -490,7 +423,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         inner = self._inner_for(t)
         self._count_p2p("recv", t, True)
         wire = p2p.wire_like(t, cfg)
-        return self._track(_DecodeOnWait(inner.recv([wire], src, tag), wire, t, cfg))
+        return self._track(_decode_on_wait(inner.recv([wire], src, tag), wire, t, cfg))
 
     def recv_anysource(self, tensors, tag=0):
         return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv_anysource", tensors, tag)
@@ -552,7 +485,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     def _end_coalescing(self, device):
         works, self._coalescing = self._coalescing or [], None
-        return _all_of(works, None, torch.device(device) if device is not None else torch.device("cpu"))
+        return all_of(works, None, torch.device(device) if device is not None else torch.device("cpu"))
 
 
 def _inner_and_policy(options: GroupOptions | None, is_default: bool) -> tuple[object, object]:

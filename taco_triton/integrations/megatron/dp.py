@@ -47,17 +47,6 @@ def gradient_policy(policy=None, *, error_feedback: bool = False):
                              comm_dtype=getattr(policy, "comm_dtype", None))
 
 
-class WorkList:
-    """What our `_coalescing_manager` yields: the async Works issued inside it; `wait()` waits all."""
-
-    def __init__(self):
-        self.works: list = []
-
-    def wait(self, timeout=None) -> None:
-        for w in self.works:
-            w.wait()
-
-
 def collective(handle, kind, tensor, output, op, group, async_op, frame):
     """One DDP collective (bucket gradient all-reduce / reduce-scatter, or parameter all-gather)
     issued from `frame` (megatron's, whose local ``bucket`` names the site)."""

@@ -24,27 +24,12 @@ import torch
 import torch.distributed as dist
 
 from ...collectives import WireStats
+from ...collectives.work import Counted, WaitAll
 from ...config import INPUT_DTYPES, CompressionConfig
 from ...parallel import CompressionPolicy
 from . import patching
 from .common import ACTIVE, AXES, EXTRA, NATIVE, TESTED_VERSION, SiteStats, import_megatron, megatron_version
-from .dp import WorkList, gradient_policy
-
-
-class _CountedWork:
-    """A routed async collective's Work: `wait()` also counts the bytes sent while finishing it."""
-
-    def __init__(self, work, st: SiteStats):
-        self._work, self._st = work, st
-
-    def wait(self, timeout=None):
-        with WireStats() as ws:
-            out = self._work.wait()
-        self._st.wire_bytes += ws.wire_bytes
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._work, name)
+from .dp import gradient_policy
 
 
 class MegatronHandle:
@@ -65,7 +50,7 @@ class MegatronHandle:
         self.error_feedback = error_feedback
         self.compress_param_gather = compress_param_gather
         self.residuals: dict[tuple[int, int], torch.Tensor] = {}  # DP error feedback, per bucket buffer
-        self._batches: list[WorkList] = []
+        self._batches: list[WaitAll] = []  # the open coalescing blocks' Works (DP)
         self.stats: dict[tuple[str, str, str], SiteStats] = {}
         self.patched: list[str] = []
         self._saved: list[tuple[Any, str, Any, Any]] = []
@@ -140,7 +125,7 @@ class MegatronHandle:
         with WireStats() as ws:
             work = issue(cfg if cfg is not None else NATIVE, self.policies[axis].min_bytes)
         st.wire_bytes += ws.wire_bytes
-        return None if work is None else _CountedWork(work, st)
+        return None if work is None else Counted(work, st)  # its wait() counts what it sends
 
 
 def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback: bool = False,
