@@ -84,6 +84,49 @@ class Estimate:
     break_even_codec_gbytes_s: float  # the codec_gbytes_s at which speedup would be exactly 1
 
 
+#: The collectives `ring_bytes` knows, and the share of `nbytes` each rank sends in them.
+RING_COSTS = {
+    "all_reduce": "2 (P-1)/P of the tensor",
+    "reduce_scatter": "(P-1)/P of the input",
+    "scatter": "(P-1)/P of the root's inputs (on the root)",
+    "all_gather": "P-1 times the shard (nbytes: this rank's input)",
+    "all_to_all": "(P-1)/P of the input, in whole bytes (equal splits)",
+}
+
+
+def ring_bytes(collective: str, nbytes: float, ranks: int) -> float:
+    """Bytes one rank sends in `collective` over `ranks` ranks by the standard ring cost model,
+    the bus bytes nccl-tests counts: the one home of these formulas (`WireStats` records them for
+    every call handed to a process group; `estimate` models with them).
+
+    Args:
+        collective: a key of `RING_COSTS`.
+        nbytes: the bytes of the buffer the call is given: all_reduce the tensor, reduce_scatter,
+            scatter and all_to_all the input, all_gather this rank's shard.
+        ranks: processes in the group, P >= 1.
+
+    Returns:
+        The bytes this rank sends (`RING_COSTS`); an int for all_to_all.
+
+    Raises:
+        ValueError: an unknown collective.
+
+    Example:
+        >>> ring_bytes("all_reduce", 1000, 4), ring_bytes("all_gather", 1000, 4)
+        (1500.0, 3000)
+    """
+    p = ranks
+    if collective == "all_reduce":
+        return 2 * (p - 1) / p * nbytes
+    if collective in ("reduce_scatter", "scatter"):
+        return (p - 1) / p * nbytes
+    if collective == "all_gather":
+        return (p - 1) * nbytes
+    if collective == "all_to_all":
+        return nbytes * (p - 1) // p
+    raise ValueError(f"collective must be one of {list(RING_COSTS)}, got {collective!r}")
+
+
 def _positive(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
@@ -181,9 +224,11 @@ def estimate(
     # a disabled config runs the native collective: same bytes, no codec
     wire = compressed_wire_bytes(numel, config, p, collective) if config.enabled else dense
     two_phase = collective == "all_reduce"
-    share = (2 if two_phase else 1) * (p - 1) / p
     steps = (2 if two_phase else 1) * (p - 1)
-    native_bytes, compressed_bytes = share * dense, share * wire
+    if collective == "all_gather":  # every rank sends its shard, 1/P of the message
+        native_bytes, compressed_bytes = ring_bytes(collective, dense / p, p), ring_bytes(collective, wire / p, p)
+    else:
+        native_bytes, compressed_bytes = ring_bytes(collective, dense, p), ring_bytes(collective, wire, p)
     latency = steps * latency_us * 1e-6
     native_s = native_bytes / link_bytes_s + latency
     link_s = compressed_bytes / link_bytes_s + latency

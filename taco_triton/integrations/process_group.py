@@ -54,6 +54,7 @@ from ..collectives import _pg, p2p
 from ..collectives import compressed as coll
 from ..collectives.work import Pending, all_of, completed
 from ..config import INPUT_DTYPES
+from ..estimate import ring_bytes
 from . import sites
 
 __all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupOptions", "GroupStats", "compressed_group"]
@@ -277,7 +278,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     def _forward_all_reduce(self, method: str, tensors, opts):
         n = sum(_nbytes(t) for t in tensors)
-        return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, method, tensors, opts)
+        return self._forward("all_reduce", n, ring_bytes("all_reduce", n, self.size()), method, tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
@@ -299,7 +300,8 @@ class CompressingProcessGroup(dist.ProcessGroup):
         if cfg is None:
             n = _nbytes(input)
             method = "reduce_scatter_single" if hasattr(inner, "reduce_scatter_single") else "_reduce_scatter_base"
-            return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, method, output, input, opts)
+            return self._forward("reduce_scatter", n, ring_bytes("reduce_scatter", n, self.size()), method, output, input,
+                                 opts)
         coll.reduce_scatter(output, input, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
         return self._track(completed([output], output.device))
 
@@ -318,7 +320,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
                 coll.reduce_scatter(out, flat, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
                 return self._track(completed(list(outputs), out.device))
         n = sum(_nbytes(t) for ts in input_lists for t in ts)
-        return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, "reduce_scatter",
+        return self._forward("reduce_scatter", n, ring_bytes("reduce_scatter", n, self.size()), "reduce_scatter",
                              outputs, input_lists, opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
@@ -336,7 +338,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         cfg = self._decide("all_gather", input, _nbytes(output), "sum")
         if cfg is None:
             method = "all_gather_single" if hasattr(inner, "all_gather_single") else "_allgather_base"
-            return self._forward("all_gather", _nbytes(input), (self.size() - 1) * _nbytes(input), method,
+            return self._forward("all_gather", _nbytes(input), ring_bytes("all_gather", _nbytes(input), self.size()), method,
                                  output, input, opts)
         coll.all_gather(output, input, inner, cfg, min_bytes=self.policy.min_bytes)
         return self._track(completed([output], output.device))
@@ -359,7 +361,8 @@ class CompressingProcessGroup(dist.ProcessGroup):
                 return self._track(completed(output_lists, inp.device))
         # forwarded in its own form: inner's Work writes the caller's outputs itself
         n = sum(_nbytes(t) for t in inputs)
-        return self._forward("all_gather", n, (self.size() - 1) * n, "allgather", output_lists, inputs, opts)
+        return self._forward("all_gather", n, ring_bytes("all_gather", n, self.size()), "allgather", output_lists, inputs,
+                             opts)
 
     def _decide_peek(self, tensor: torch.Tensor, nbytes: int, op: str | None) -> bool:
         """Whether a list-form call could be compressed (op, dtype, size), before it is counted;
@@ -376,7 +379,8 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         opts = dist.AllgatherOptions() if opts is None else opts
         n = sum(_nbytes(t) for t in inputs)
-        return self._forward("all_gather", n, (self.size() - 1) * n, "allgather_coalesced", output_lists, inputs, opts)
+        return self._forward("all_gather", n, ring_bytes("all_gather", n, self.size()), "allgather_coalesced",
+                             output_lists, inputs, opts)
 
     # ------------------------------------------------------------------ forwarded unchanged
     def broadcast(self, tensors, opts=None):
@@ -435,7 +439,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             row = n // max(1, input.shape[0]) if input.dim() else n
             sent = sum(s for j, s in enumerate(input_split_sizes) if j != self.rank()) * row
         else:
-            sent = n * (self.size() - 1) // self.size()
+            sent = ring_bytes("all_to_all", n, self.size())
         inner = self.inner
         method = "all_to_all_single" if hasattr(inner, "all_to_all_single") else "alltoall_base"
         return self._forward("all_to_all", n, sent, method, output, input, output_split_sizes, input_split_sizes, opts)
@@ -462,7 +466,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def scatter(self, outputs, inputs, opts=None):
         opts = dist.ScatterOptions() if opts is None else opts
         n = sum(_nbytes(t) for ts in inputs for t in ts)
-        return self._forward("scatter", n, n * (self.size() - 1) / self.size() if n else 0, "scatter",
+        return self._forward("scatter", n, ring_bytes("scatter", n, self.size()), "scatter",
                              outputs, inputs, opts)
 
     def reduce(self, tensors, opts=None):
