@@ -53,8 +53,8 @@ import torch.distributed as dist
 from ..collectives import _pg, p2p
 from ..collectives import compressed as coll
 from ..collectives.work import Pending, all_of, completed
-from ..config import INPUT_DTYPES
 from ..estimate import ring_bytes
+from ..policy import CompressionPolicy, decide, eligible
 from . import sites
 
 __all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupOptions", "GroupStats", "compressed_group"]
@@ -91,7 +91,7 @@ class GroupOptions:
             None: under a compressing default group, its inner backend; under another default
             group, the default group's backend; for the default group itself, the device's own
             (``"cpu:gloo,cuda:nccl"`` where CUDA and NCCL are available, else ``"gloo"``).
-        policy: a `taco_triton.parallel.CompressionPolicy`. None: the compressing default group's
+        policy: a `taco_triton.CompressionPolicy`. None: the compressing default group's
             policy (groups made under it share it), else a new default ``CompressionPolicy()``.
 
     Example:
@@ -231,11 +231,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         if not self._patterns_checked and sites.tracking():
             self._patterns_checked = True
             sites.check_patterns(self.policy)
-        if (op is None or self.size() == 1 or tensor.dtype not in INPUT_DTYPES
-                or nbytes < self.policy.min_bytes or tensor.layout != torch.strided):
-            return None
-        self.policy.observe(site, direction, tensor)
-        cfg = self.policy.config_for(site, direction)
+        cfg = decide(self.policy, site, direction, tensor, nbytes=nbytes, ranks=self.size(), compressible=op is not None)
         if cfg is not None:
             st.compressed += 1
         return cfg
@@ -367,7 +363,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def _decide_peek(self, tensor: torch.Tensor, nbytes: int, op: str | None) -> bool:
         """Whether a list-form call could be compressed (op, dtype, size), before it is counted;
         if not, it is forwarded in its own form."""
-        return op is not None and self.size() > 1 and tensor.dtype in INPUT_DTYPES and nbytes >= self.policy.min_bytes
+        return eligible(self.policy, tensor, nbytes, self.size(), op is not None)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = dist.AllgatherOptions() if opts is None else opts
@@ -389,17 +385,14 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return self._forward("broadcast", n, n if self.rank() == opts.rootRank else 0, "broadcast", tensors, opts)
 
     # ------------------------------------------------------------------ point-to-point
-    def _p2p_config(self, tensors):
+    def _p2p_config(self, tensors, sending: bool):
         """The config of a message, decided alike by sender and receiver from what both know: the
         policy at site "p2p", direction "forward", the dtype and size (never the module or the
-        direction, which differ between the two ends)."""
+        direction, which differ between the two ends). The sender's tensor is observed (a
+        receive buffer holds nothing yet)."""
         if len(tensors) != 1:
             return None
-        (t,) = tensors
-        if (self.size() == 1 or t.dtype not in INPUT_DTYPES or _nbytes(t) < self.policy.min_bytes
-                or t.layout != torch.strided):
-            return None
-        return self.policy.config_for(P2P_SITE, "forward")
+        return decide(self.policy, P2P_SITE, "forward", tensors[0], ranks=self.size(), observe=sending)
 
     def _count_p2p(self, kind: str, t: torch.Tensor, compressed: bool) -> None:
         st = self.stats.setdefault((P2P_SITE, "forward", kind), GroupStats())
@@ -408,7 +401,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         st.bytes += _nbytes(t)
 
     def send(self, tensors, dst, tag=0):
-        cfg = self._p2p_config(tensors)
+        cfg = self._p2p_config(tensors, sending=True)
         if cfg is None:
             n = sum(_nbytes(t) for t in tensors)
             return self._forward("send", n, n, "send", tensors, dst, tag)
@@ -420,7 +413,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return self._track(inner.send([wire], dst, tag))  # the Work keeps `wire` alive until it is sent
 
     def recv(self, tensors, src, tag=0):
-        cfg = self._p2p_config(tensors)
+        cfg = self._p2p_config(tensors, sending=False)
         if cfg is None:
             return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv", tensors, src, tag)
         (t,) = tensors
@@ -509,8 +502,6 @@ def _inner_and_policy(options: GroupOptions | None, is_default: bool) -> tuple[o
         else:
             inner = "gloo"
     if policy is None:
-        from ..parallel.policy import CompressionPolicy
-
         policy = CompressionPolicy()
     return inner, policy
 
@@ -563,7 +554,7 @@ def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
         inner: the process group that carries the bytes (None: the default group, or the inner
             group of a compressing default group). Its backend must serve the tensors' device
             (gloo: CPU, nccl: CUDA). Destroying the compressing group leaves it alone.
-        policy: a `taco_triton.parallel.CompressionPolicy` (None: a compressing default group's
+        policy: a `taco_triton.CompressionPolicy` (None: a compressing default group's
             policy, else the default: FP8 E4M3 for every site, messages from `policy.min_bytes` =
             1 MiB up). Sites are named by
             `taco_triton.integrations.sites.track_sites`. Tensors travel in their own dtype

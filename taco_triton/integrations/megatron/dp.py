@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ...collectives import compressed as coll
 from ...config import CompressionConfig
-from ...parallel import CompressionPolicy
+from ...policy import CompressionPolicy
 from .error_feedback import feed_back_error
 
 #: What data-parallel gradients are compressed with by default: INT8 after the block Hadamard
