@@ -119,9 +119,12 @@ def collective(shape, tensors: tuple, group, config, op: str, async_op: bool, mi
     `tensors` are its (output, input) or all_reduce's (tensor,). A repeat goes straight to its
     plan (`_steady`); otherwise the arguments are checked, the ranks agree, and the call runs
     natively or on its plan (`_driver.run`). Returns the handle (async) or None."""
-    key, steady = _steady.lookup((shape.kind, group, config, op, min_bytes, pipeline, backend, check), tensors)
+    key, steady = _steady.lookup(shape.kind, group, config, op, min_bytes, pipeline, backend, check, tensors)
     if steady is not None and steady.ready(check):
-        src, dst = shape.steady_flats(tensors)
+        dst = tensors[0] if tensors[0].dim() == 1 else tensors[0].view(-1)  # contiguous (see _steady)
+        if shape.in_place:
+            return steady.issue(dst, dst, async_op)
+        src = tensors[1] if tensors[1].dim() == 1 else tensors[1].view(-1)
         return steady.issue(src, dst, async_op)
     if not member(group):
         return None

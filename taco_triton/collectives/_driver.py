@@ -67,18 +67,18 @@ def run(plan, src: torch.Tensor, dst: torch.Tensor, seq: int, group):
     the flat output, `seq` its call number. Runs every (stage, slice) step in `order` on the
     calling thread (see the module docstring). Returns the error record the call's kernels write
     (Triton path) or None (the reference path checks its tags as it goes)."""
-    record, steps = plan.begin(src, dst, seq)
+    record, step = plan.begin(src, dst, seq)
     bufs = plan.buffers()
     schedule = plan.schedule
     if schedule is None:
-        schedule = plan.schedule = order(len(plan.slices), len(steps))
+        schedule = plan.schedule = order(len(plan.slices), len(plan.ops))
     comms, slices = plan.comms, plan.slices
     work = [None] * len(slices)
     for stage, k in schedule:
         b = bufs[k]
         if stage:
             work[k].wait()
-        sent = steps[stage](k, b)
+        sent = step(stage, k, b)
         comm = comms[stage]
         if comm is ALL_TO_ALL:
             work[k] = _pg.all_to_all(b.recv, sent, b.recv_splits, slices[k].strides, group, True)

@@ -170,6 +170,7 @@ def finish_call(owner, device: torch.device, async_op: bool, record=None):
         read(list(STATE.unchecked), block=False)  # gives completed calls' records back; raises nothing
 
     def finish():
-        _streams.wait_for(event)
+        if event is not None:  # CPU: nothing to wait for
+            _streams.wait_for(event)
 
     return Pending(finish, entry)

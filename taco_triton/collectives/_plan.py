@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import torch
 
@@ -101,6 +102,7 @@ class Plan:
         self.inf_above = shape.inf_above(call.config, call.dtype)  # decoded values beyond become +-inf
         self.sends = [shape.send_slots(self, k, sl) for k, sl in enumerate(self.slices)]
         self.gathers = [shape.gathered_slots(self, k, sl) for k, sl in enumerate(self.slices)]
+        self.ops = tuple(st.op for st in shape.stages)
         self.comms = tuple(st.comm for st in shape.stages)
         self.schedule = None  # the (stage, slice) order the driver runs (`_driver.order`)
 
@@ -207,7 +209,8 @@ class TritonPlan(Plan):
         CUDA graph is captured every call gets fresh buffers (from the graph's pool), which
         replays then own.
         """
-        key = _streams.buffer_key(self.device)
+        # CPU: no stream, no capture (the common case, asked without a call)
+        key = threading.get_ident() if self.device.type != "cuda" else _streams.buffer_key(self.device)
         if key is None:
             return self._new_buffers()
         bufs = self._buffers.get(key)
@@ -217,39 +220,36 @@ class TritonPlan(Plan):
         return bufs
 
     def begin(self, src: torch.Tensor, dst: torch.Tensor, seq: int):
-        """(the error record this call's kernels write, its steps): one function per codec step,
-        bound to this call's tensors, that takes (slice k, its buffers) and returns the buffer its
-        stage's communication sends (None for the last stage)."""
+        """(the error record this call's kernels write, `step`): `step(stage, k, b)` runs the codec
+        step of `stage` on slice k with its buffers `b`, bound to this call's tensors, and returns
+        the buffer the stage's communication sends (None for the last stage)."""
         if self.launches is None:
             self._prepare(src, dst)
         record = self.errors.claim()
         err = record.tensor
-        launches, cfg, rank = self.launches, self.config, self.rank
-        stochastic = cfg.stochastic
+        launches, cfg, rank, ops, dense = self.launches, self.config, self.rank, self.ops, self.shape.dense_reduce
+        stochastic, seed = cfg.stochastic, cfg.seed
         if stochastic and _streams.graph_seeds(self.device):  # replays must not repeat the captured seeds
             slots.seed_counter(self.device).add_(1)
             launches = self.graph_launches
+        reduce_seed = slots.salt(seed, self.p + rank, seq) if stochastic else seed
 
-        def compress(k, b):
-            launches[k][0](src, b.send, slots.salt(cfg.seed, rank, seq, k) if stochastic else cfg.seed)
-            return b.send
-
-        if self.shape.dense_reduce:
-            def reduce(k, b):
-                out = b.dense_of(dst)
-                launches[k][1](b.rows, b.rows, b.rows, out, out, out, out, cfg.seed, err, k, seq)
-        else:
-            seed = slots.salt(cfg.seed, self.p + rank, seq) if stochastic else cfg.seed
-
-            def reduce(k, b):
-                launches[k][1](b.rows, b.rows, b.rows, b.own, b.own, b.own, b.own, seed, err, k, seq)
+        def step(stage, k, b):
+            op = ops[stage]
+            if op is COMPRESS:
+                launches[k][0](src, b.send, slots.salt(seed, rank, seq, k) if stochastic else seed)
+                return b.send
+            if op is REDUCE:
+                if dense:
+                    out = b.dense_of(dst)
+                    launches[k][1](b.rows, b.rows, b.rows, out, out, out, out, seed, err, k, seq)
+                    return None
+                launches[k][1](b.rows, b.rows, b.rows, b.own, b.own, b.own, b.own, reduce_seed, err, k, seq)
                 return b.own
-
-        def decompress(k, b):
             launches[k][2](b.gathered, dst, err, k, seq)
+            return None
 
-        step = {COMPRESS: compress, REDUCE: reduce, DECOMPRESS: decompress}
-        return record, [step[st.op] for st in self.shape.stages]
+        return record, step
 
     def error(self, record) -> ValueError:
         k, src, got, want, seq = record
@@ -291,43 +291,51 @@ class ReferencePlan(Plan):
                 )
 
     def begin(self, src: torch.Tensor, dst: torch.Tensor, seq: int):
-        """(None, its steps), as `TritonPlan.begin`: no error record, the tags are checked here."""
-        cfg, p, rank, backend = self.config, self.p, self.rank, self.backend
+        """(None, `step`), as `TritonPlan.begin`: no error record, the tags are checked here."""
+        steps = {COMPRESS: self._compress, REDUCE: self._reduce, DECOMPRESS: self._decompress}
+        ops = self.ops
 
-        def compress(k, b):
-            send = self.sends[k]
-            for j, ((a, e), lay, off, tag) in enumerate(zip(send.pieces, send.layouts, send.offsets, send.tags)):
-                if lay.nbytes:
-                    ops.compress_into(src[a:e], slots.salted(cfg, rank, seq, k, j), b.send[off : off + lay.nbytes],
-                                      backend)
-                _put_tag(b.send, off + lay.nbytes, tag)
-            return b.send
+        def step(stage, k, b):
+            return steps[ops[stage]](src, dst, seq, k, b)
 
-        def reduce(k, b):
-            sl = self.slices[k]
-            lay = sl.lays[rank]
-            self.verify(b.rows, [lay.nbytes] * p, [_tag_int(self.tag(0, k, rank))] * p, k)
-            if self.shape.dense_reduce:
-                if lay.numel:
-                    ops.reduce_into(b.rows, lay.numel, cfg, self.scale, dense_out=b.dense_of(dst), backend=backend,
-                                    inf_above=self.inf_above)
-                return None
+        return None, step
+
+    def _compress(self, src, dst, seq, k, b):
+        """Every piece of slice k into its slot, salted per rank, call, slice and piece; tags."""
+        cfg, send = self.config, self.sends[k]
+        for j, ((a, e), lay, off, tag) in enumerate(zip(send.pieces, send.layouts, send.offsets, send.tags)):
             if lay.nbytes:
-                ops.reduce_into(b.rows, lay.numel, slots.salted(cfg, p + rank, seq), self.scale,
-                                out=b.own[: lay.nbytes], backend=backend)
-            _put_tag(b.own, lay.nbytes, _tag_int(self.tag(1, k, rank)))
-            return b.own
+                ops.compress_into(src[a:e], slots.salted(cfg, self.rank, seq, k, j), b.send[off : off + lay.nbytes],
+                                  self.backend)
+            _put_tag(b.send, off + lay.nbytes, tag)
+        return b.send
 
-        def decompress(k, b):
-            got = self.gathers[k]
-            rows = b.gathered.view(p, self.slices[k].slot)
-            self.verify(rows, [lay.nbytes for lay in got.layouts], got.tags, k)
-            for j, ((a, e), lay) in enumerate(zip(got.pieces, got.layouts)):
-                if lay.nbytes:
-                    ops.decompress_into(rows[j, : lay.nbytes], dst[a:e], cfg, backend, inf_above=self.inf_above)
+    def _reduce(self, src, dst, seq, k, b):
+        """The P received copies of this rank's piece of slice k summed: into the dense output
+        (reduce_scatter) or requantized into this rank's slot, tagged (all_reduce)."""
+        cfg, p, rank = self.config, self.p, self.rank
+        lay = self.slices[k].lays[rank]
+        self.verify(b.rows, [lay.nbytes] * p, [_tag_int(self.tag(0, k, rank))] * p, k)
+        if self.shape.dense_reduce:
+            if lay.numel:
+                ops.reduce_into(b.rows, lay.numel, cfg, self.scale, dense_out=b.dense_of(dst), backend=self.backend,
+                                inf_above=self.inf_above)
+            return None
+        if lay.nbytes:
+            ops.reduce_into(b.rows, lay.numel, slots.salted(cfg, p + rank, seq), self.scale, out=b.own[: lay.nbytes],
+                            backend=self.backend)
+        _put_tag(b.own, lay.nbytes, _tag_int(self.tag(1, k, rank)))
+        return b.own
 
-        step = {COMPRESS: compress, REDUCE: reduce, DECOMPRESS: decompress}
-        return None, [step[st.op] for st in self.shape.stages]
+    def _decompress(self, src, dst, seq, k, b):
+        """Every gathered slot of slice k into its place of the output."""
+        got = self.gathers[k]
+        rows = b.gathered.view(self.p, self.slices[k].slot)
+        self.verify(rows, [lay.nbytes for lay in got.layouts], got.tags, k)
+        for j, ((a, e), lay) in enumerate(zip(got.pieces, got.layouts)):
+            if lay.nbytes:
+                ops.decompress_into(rows[j, : lay.nbytes], dst[a:e], self.config, self.backend, inf_above=self.inf_above)
+        return None
 
 
 def plan_for(call, shape, src: torch.Tensor, dst: torch.Tensor) -> Plan:

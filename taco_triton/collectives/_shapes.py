@@ -12,7 +12,8 @@ A shape is data for the plan and the driver, which are the same for every collec
 - `dense_reduce`: whether the reduce writes the dense sum (reduce_scatter) or a requantized slot
   that the next stage gathers (all_reduce);
 - `check`, `flats`, `native`: argument checks before any byte moves, the flat views the stages
-  read and write, and the native fallback (disabled config, small message, one rank).
+  read and write (`in_place`: all_reduce's output is its input), and the native fallback
+  (disabled config, small message, one rank).
 
 all_reduce is TACO's two-shot: compress P chunks, all_to_all, fused dequantize-sum-requantize,
 all_gather, decompress every chunk (its own too, so every rank ends bitwise identical);
@@ -78,11 +79,6 @@ class Slots(NamedTuple):
     sources: list   # the rank each slot comes from (for errors)
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor as 1-D (itself when it is: a view costs more than asking)."""
-    return t if t.dim() == 1 else t.view(-1)
-
-
 def flat_inplace(t: torch.Tensor):
     """A contiguous flat tensor to work in, and what to copy back into `t` afterwards (or None)."""
     if t.is_contiguous():
@@ -146,6 +142,7 @@ class Shape:
     kind = ""
     stages: tuple = ()
     dense_reduce = False
+    in_place = False  # the output is the input (all_reduce's one tensor)
 
     def check(self, tensors, group) -> None:
         """Raise before any byte moves if the tensors cannot make this collective."""
@@ -157,11 +154,6 @@ class Shape:
         dst, copy_back = flat_inplace(output)
         return input.contiguous().view(-1), dst, copy_back
 
-    def steady_flats(self, tensors):
-        """(src, dst) of contiguous tensors (a repeat in the steady state)."""
-        output, input = tensors
-        return _flat(input), _flat(output)
-
     def inf_above(self, config, dtype) -> float:
         """Decoded values beyond this become +-inf (see `overflow_threshold`)."""
         return overflow_threshold(config, dtype)
@@ -169,15 +161,12 @@ class Shape:
 
 class AllReduce(Shape):
     kind = "all_reduce"
+    in_place = True
     stages = (Stage(COMPRESS, ALL_TO_ALL), Stage(REDUCE, ALL_GATHER), Stage(DECOMPRESS, None))
 
     def flats(self, tensors):
         flat, copy_back = flat_inplace(tensors[0])
         return flat, flat, copy_back
-
-    def steady_flats(self, tensors):
-        flat = _flat(tensors[0])
-        return flat, flat
 
     def chunks(self, src, dst, p: int):
         """Super-block-aligned chunks of the tensor, one per rank (the last ones may be short or

@@ -45,12 +45,11 @@ class Steady:
         return _errors.finish_call(plan, plan.device, async_op, record)
 
 
-def lookup(args: tuple, tensors: tuple):
-    """(key, Steady or None) of a call with these arguments (kind, group, config, op, min_bytes,
-    pipeline, backend, check) and tensors; key None when they cannot be a key (the full path
-    validates them)."""
+def lookup(kind: str, group, config, op, min_bytes, pipeline, backend, check, tensors: tuple):
+    """(key, Steady or None) of a call with these arguments and tensors; key None when they
+    cannot be a key (the full path validates them)."""
     try:
-        key = (*args[:2], id(args[2]), *args[3:],
+        key = (kind, group, id(config), op, min_bytes, pipeline, backend, check,
                *[(t.dtype, t.shape, t.stride(), t.device, t.requires_grad) for t in tensors])
         return key, STATE.steady.get(key)
     except (AttributeError, TypeError):  # not tensors, unhashable arguments

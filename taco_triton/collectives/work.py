@@ -3,14 +3,17 @@
 - `Pending`: work whose `wait()` finishes it once, on this rank: an async compressed collective
   (ordering the waiting stream after it), a p2p or process-group receive (decoding the wire buffer
   into the caller's tensor), a p2p send a handshake decides, megatron's pipeline receives. A
-  failure is kept: that `wait()` and every later one raise it.
+  failure is kept: that `wait()` and every later one raise it. `PendingWork` is the same as a
+  ``torch.distributed.Work``, for a process group to return (a plain class is what the
+  collectives return: making a Work object costs about three times as much host time).
 - `WaitAll`: several Works as one (a coalesced process-group call, megatron's coalescing manager).
 - `Counted`: a Work whose `wait()` also counts the bytes handed to the process group while it
   finishes (megatron's per-site counters).
 - `completed` / `all_of`: a finished Work from a result; one Work for a list of them.
 
-All are ``torch.distributed.Work`` objects (except `Counted`, which forwards to the Work it
-wraps), so a process group may return them and torch's own callers can wait on them.
+`PendingWork`, `WaitAll` and `completed`'s are ``torch.distributed.Work`` objects, so a process
+group may return them and torch's own callers can wait on them; `Counted` forwards to the Work
+it wraps.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from ._pg import WireStats
 _C10D = torch._C._distributed_c10d
 
 
-class Pending(dist.Work):
+class Pending:
     """Handle of an async operation; like torch.distributed's Work.
 
     For a compressed collective: everything that enters the process group was issued when the
@@ -45,7 +48,6 @@ class Pending(dist.Work):
     """
 
     def __init__(self, finish: Callable[[], object], entry=None):
-        super().__init__()
         self._finish = finish
         self._entry = entry
         self._done = False
@@ -93,6 +95,14 @@ class Pending(dist.Work):
     def exception(self) -> BaseException | None:
         """The error this handle failed with, or None."""
         return self._error
+
+
+class PendingWork(Pending, dist.Work):
+    """A `Pending` that is a ``torch.distributed.Work`` (what a process group's methods return)."""
+
+    def __init__(self, finish: Callable[[], object], entry=None):
+        dist.Work.__init__(self)
+        Pending.__init__(self, finish, entry)
 
 
 class WaitAll(dist.Work):

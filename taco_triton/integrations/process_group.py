@@ -1,5 +1,9 @@
 """A process group that compresses what a `CompressionPolicy` asks for and forwards the rest.
 
+(Longer than the project's ~500 lines per module: it is one class with a method for each entry
+point torch.distributed calls on a process group, collectives, lists, coalescing, p2p and the
+forwarded rest; its Work types, policy decision and byte counts live elsewhere.)
+
     import taco_triton as taco
     tp = taco.compressed_group(tp_group, policy)          # once, on every rank of tp_group
     dist.all_reduce(x, group=tp)                          # and any other torch.distributed call
@@ -52,7 +56,7 @@ import torch.distributed as dist
 
 from ..collectives import _pg, p2p
 from ..collectives import compressed as coll
-from ..collectives.work import Pending, all_of, completed
+from ..collectives.work import PendingWork, all_of, completed
 from ..estimate import ring_bytes
 from ..policy import CompressionPolicy, decide, eligible
 from . import sites
@@ -136,7 +140,7 @@ def _op_of(opts):
     return None
 
 
-def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> Pending:
+def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> PendingWork:
     """A compressed receive's Work: `wait()` waits for the wire buffer, then decompresses it into
     the caller's tensor (once); a failed receive keeps raising its error. It has no future
     (receives are waited on, as torch's gloo receives are)."""
@@ -150,7 +154,7 @@ def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> Pend
             p2p.decode_into(wire, dense, cfg)
             tensor.copy_(dense)
 
-    return Pending(finish)
+    return PendingWork(finish)
 
 
 class CompressingProcessGroup(dist.ProcessGroup):
