@@ -109,7 +109,14 @@ def reduce_scatter(
         output: this rank's slice of the result, any shape and strides with 1/P of `input`'s
             elements, in its dtype.
         input: the whole message (contiguous or not).
-        group, config, op, async_op, min_bytes, pipeline, backend, check: as in `all_reduce`.
+        group: as in `all_reduce`.
+        config: as in `all_reduce`.
+        op: as in `all_reduce`.
+        async_op: as in `all_reduce`.
+        min_bytes: as in `all_reduce`.
+        pipeline: as in `all_reduce`.
+        backend: as in `all_reduce`.
+        check: as in `all_reduce`.
 
     Returns:
         None; with `async_op`, a `Pending` handle whose `wait()` completes the operation. On a
@@ -145,7 +152,13 @@ def all_gather(
     Args:
         output: the gathered result, P times `input`'s elements in its dtype, any strides.
         input: this rank's shard (contiguous or not).
-        group, config, async_op, min_bytes, pipeline, backend, check: as in `all_reduce`.
+        group: as in `all_reduce`.
+        config: as in `all_reduce`.
+        async_op: as in `all_reduce`.
+        min_bytes: as in `all_reduce`.
+        pipeline: as in `all_reduce`.
+        backend: as in `all_reduce`.
+        check: as in `all_reduce`.
 
     Returns:
         None; with `async_op`, a `Pending` handle whose `wait()` completes the operation. On a

@@ -66,7 +66,8 @@ class Pending:
         Raises:
             ValueError: this call's tags did not match (its outputs are NaN), a p2p handshake
                 found the other end disagrees, or a receive's tag did not match.
-            Whatever finishing raised (a process-group error), at this and every later wait().
+            RuntimeError: what finishing raised (a process-group error), at this and every later
+                wait().
         """
         if self._error is not None:
             raise self._error
