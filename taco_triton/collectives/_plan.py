@@ -27,7 +27,7 @@ from ..kernels import slots
 from ..kernels._launch import Prepared, launch_params, target_of
 from ..layout import WireLayout
 from . import _pg, _streams
-from ._shapes import ALL_GATHER, ALL_TO_ALL, COMPRESS, DECOMPRESS, REDUCE, Slots
+from ._shapes import ALL_GATHER, ALL_TO_ALL, COMPRESS, DECOMPRESS, REDUCE
 from ._state import STATE, Cache
 
 #: Sets of reusable wire buffers a Triton plan keeps (one per calling thread and CUDA stream).
@@ -351,4 +351,4 @@ def plan_for(call, shape, src: torch.Tensor, dst: torch.Tensor) -> Plan:
     return plan
 
 
-__all__ = ["Buffers", "Plan", "ReferencePlan", "Slice", "Slots", "TritonPlan", "plan_for"]
+__all__ = ["Buffers", "Plan", "ReferencePlan", "Slice", "TritonPlan", "plan_for"]

@@ -12,12 +12,13 @@ Caches (each a `Cache`): what a call decided that later calls reuse.
 
 The rule, the same for each: a cache holds at most `Cache.BOUND` entries per process group (an
 entry of no group, such as a fingerprint, counts in one share of its own), and adding to a full
-share forgets that share's oldest entry; a share whose group was destroyed is dropped when a new
-share is made. Forgetting costs a rebuild, never a result, with one care: whether a call runs the
-rank-agreement exchange depends on `agreements`, so every rank must forget the same agreement at
-the same call. The ranks of a group make the same calls on it in the same order whatever else each
-of them does, so counting per group makes each rank forget the same entries of that group at the
-same call (a count over all groups would follow each rank's traffic on its other groups).
+share forgets that share's oldest entry; the share of a group torch.distributed no longer knows
+(destroyed) is dropped when a new share is made. Forgetting costs a rebuild, never a result,
+with one care: whether a call runs the rank-agreement exchange depends on `agreements`, so every
+rank must forget the same agreement at the same call. The ranks of a group make the same calls
+on it in the same order whatever else each of them does, so counting per group makes each rank
+forget the same entries of that group at the same call (a count over all groups would follow
+each rank's traffic on its other groups).
 
 Not caches, so never forgotten: the call numbers (`calls`: they name a call in its errors and salt
 its stochastic seeds; `messages_sent`: the same for p2p), the error entries of calls whose records
@@ -45,6 +46,7 @@ class Cache:
         self.bound = bound
         self._map: dict = {}
         self._shares: dict = {}  # share -> {key: None}, oldest first
+        self._registered: set = set()  # shares whose group torch.distributed knew when they were made
         self.get = self._map.get
         self.has = self._map.__contains__
 
@@ -55,7 +57,8 @@ class Cache:
             return
         keys = self._shares.get(share)
         if keys is None:
-            self._drop_destroyed()
+            if share in self._drop_destroyed():
+                self._registered.add(share)
             keys = self._shares[share] = {}
         if len(keys) >= self.bound:
             oldest = next(iter(keys))
@@ -64,11 +67,15 @@ class Cache:
         keys[key] = None
         self._map[key] = value
 
-    def _drop_destroyed(self) -> None:
-        alive = dist.distributed_c10d._world.pg_map if dist.is_available() else {}
-        for share in [s for s in self._shares if s is not None and s not in alive]:
+    def _drop_destroyed(self):
+        """Forget the shares of groups torch.distributed knew and no longer does (destroyed);
+        returns the groups it knows now."""
+        known = dist.distributed_c10d._world.pg_map if dist.is_available() else {}
+        for share in [s for s in self._registered if s not in known]:
+            self._registered.discard(share)
             for key in self._shares.pop(share):
                 del self._map[key]
+        return known
 
     def __len__(self) -> int:
         return len(self._map)
@@ -82,6 +89,7 @@ class Cache:
     def clear(self) -> None:
         self._map.clear()
         self._shares.clear()
+        self._registered.clear()
 
 
 class State:
