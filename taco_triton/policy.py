@@ -301,10 +301,20 @@ class CompressionPolicy:
 
 def eligible(policy, tensor: torch.Tensor, nbytes: int | None = None, ranks: int = 2,
              compressible: bool = True) -> bool:
-    """Whether a message could be compressed under `policy` (see `CompressionPolicy`): a
-    strided bf16/fp16/fp32 tensor, `nbytes` (default: the tensor's) at least `policy.min_bytes`,
-    over `ranks` > 1 ranks, `compressible` (a reduce op the collectives take, not a message its
-    caller keeps native)."""
+    """Whether a message could be compressed under `policy` (see `CompressionPolicy`).
+
+    Args:
+        policy: anything with `min_bytes`.
+        tensor: what is sent.
+        nbytes: the message's bytes as the collectives count them (default: the tensor's).
+        ranks: processes in the group.
+        compressible: False for a reduce op the collectives do not compress, or a message its
+            caller keeps native.
+
+    Returns:
+        True for a strided bf16/fp16/fp32 tensor of at least `policy.min_bytes` bytes over more
+        than one rank that is `compressible`.
+    """
     if nbytes is None:
         nbytes = tensor.numel() * tensor.element_size()
     return (compressible and ranks > 1 and tensor.dtype in INPUT_DTYPES and tensor.layout == torch.strided

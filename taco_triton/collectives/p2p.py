@@ -158,14 +158,35 @@ def _message(tensor: torch.Tensor, config: CompressionConfig, backend: str) -> _
 def encode(tensor: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
     """The wire buffer of `tensor` (1-D uint8; compressed once): the codec's bytes, then a 4-byte
     tag of (size, dtype, config) the receiver checks before using them, zero-padded to 16 bytes.
-    Stochastic rounding gets a fresh seed per message, so errors average out across messages."""
+    Stochastic rounding gets a fresh seed per message, so errors average out across messages.
+
+    Args:
+        tensor: the message (bf16, fp16 or fp32; any strides).
+        config: the `CompressionConfig` both ends use.
+        backend: codec backend, as in `taco_triton.compress`.
+
+    Returns:
+        The wire buffer, `wire_like(tensor, config)`'s size.
+
+    Raises:
+        ValueError: a backend that is not supported.
+    """
     m = _message(tensor, config, backend)
     seed = salt(config.seed, _rank(), next(STATE.messages_sent)) if config.stochastic else config.seed
     return m.encode(tensor.detach().contiguous().view(-1), seed)
 
 
 def wire_like(tensor: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
-    """An empty wire buffer for a message shaped like `tensor`."""
+    """An empty wire buffer for a message shaped like `tensor`.
+
+    Args:
+        tensor: a tensor of the message's size (its dtype and device are the message's).
+        config: the `CompressionConfig` both ends use.
+
+    Returns:
+        A 1-D uint8 tensor on `tensor`'s device: the message's wire bytes, its tag and padding to
+        16 bytes (`slots.slot_bytes`).
+    """
     return torch.empty(slots.slot_bytes(WireLayout.of(tensor.numel(), config).nbytes), dtype=torch.uint8,
                        device=tensor.device)
 
@@ -175,7 +196,21 @@ def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionCon
     leaves allowed). A tag that does not match this end's (size, dtype, config) raises
     ValueError and leaves NaN in `tensor`: on the Triton path without a host synchronization,
     when the work is done (at once on CPU; on CUDA at a later collective or
-    `taco_triton.check_errors()`; see there)."""
+    `taco_triton.check_errors()`; see there).
+
+    Args:
+        wire: the received wire buffer (`wire_like`'s size).
+        tensor: where the message goes, contiguous, of the message's size and dtype.
+        config: the `CompressionConfig` both ends use.
+        backend: codec backend, as in `taco_triton.compress`.
+
+    Returns:
+        None; `tensor` holds the message.
+
+    Raises:
+        ValueError: a non-contiguous `tensor`, a wire buffer of the wrong size or dtype, or a tag
+            that does not match (see above).
+    """
     if not tensor.is_contiguous():
         raise ValueError(f"decode_into needs a contiguous tensor, got shape {tuple(tensor.shape)} "
                          f"with strides {tensor.stride()}")
@@ -235,7 +270,21 @@ def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig 
     signature issued before then fail alike). Both ends must therefore use this module's `isend`
     / `irecv` (a plain `dist.irecv` would never answer the handshake). `check` as in the
     collectives (False: no handshake, "always": before every message); after the first message
-    only the message's tag is checked, on the device."""
+    only the message's tag is checked, on the device.
+
+    Args:
+        tensor: the message.
+        dst: the receiving rank (global).
+        group: process group (None: the default group).
+        config: the `CompressionConfig` both ends use (None: sent natively).
+        min_bytes: as in `should_compress`; both ends must pass the same.
+        backend: codec backend, as in `taco_triton.compress`.
+        check: the handshake mode, as the collectives' `check`.
+
+    Returns:
+        A Work: torch's own send Work, or (when a handshake decides the message) one whose
+        `wait()` raises ValueError if the receiver refused it, at every later wait() too.
+    """
     compress = should_compress(tensor, config, min_bytes, backend)
     sig = signature(tensor, config if compress else None)
     key, hs = _handshake.key(dst, group, sig, True), None
@@ -275,7 +324,20 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
     a non-contiguous tensor. At `wait()` (this and every later one): ValueError when the
     handshake finds the sender disagrees (its payload is taken off the wire; `tensor` is left as
     it was), or when the message's tag does not match (a later mismatch; `tensor` is NaN) - on
-    CUDA the latter once the decode has run (see `taco_triton.check_errors`)."""
+    CUDA the latter once the decode has run (see `taco_triton.check_errors`).
+
+    Args:
+        tensor: where the message goes (contiguous when it is compressed).
+        src: the sending rank (global).
+        group: process group (None: the default group).
+        config: the sender's `CompressionConfig` (None: received natively).
+        min_bytes: as the sender's.
+        backend: codec backend, as in `taco_triton.compress`.
+        check: the handshake mode, as the sender's.
+
+    Returns:
+        A Work whose `wait()` leaves the message in `tensor` (a compressed one: a `Pending`).
+    """
     _pg.guard_exit(tensor)
     compress = should_compress(tensor, config, min_bytes, backend)
     if compress and not tensor.is_contiguous():

@@ -152,7 +152,15 @@ class Counted:
 
 
 def completed(result, device: torch.device):
-    """A completed Work whose future holds `result` (on CUDA: with the current stream's events)."""
+    """A completed Work whose future holds `result` (on CUDA: with the current stream's events).
+
+    Args:
+        result: what the future completes with (None: nothing to order on CUDA).
+        device: the device of the call's tensors.
+
+    Returns:
+        A ``torch.distributed.Work`` that is already complete.
+    """
     if device.type == "cuda" and result is not None:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -164,7 +172,16 @@ def completed(result, device: torch.device):
 
 
 def all_of(works: list, result, device: torch.device):
-    """One Work that completes when every Work in `works` (None: already done) has."""
+    """One Work that completes when every Work in `works` (None: already done) has.
+
+    Args:
+        works: the parts' Works.
+        result: what the combined future completes with.
+        device: the device of the call's tensors.
+
+    Returns:
+        A `WaitAll`, or a completed Work when no part is pending.
+    """
     works = [w for w in works if w is not None]
     if not works:
         return completed(result, device)
