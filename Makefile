@@ -68,7 +68,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q --timeout=900 $(XDIST)
 
 test-thorough: $(STAMP)
-	HYPOTHESIS_PROFILE=thorough TACO_TEST_TORCH_BASE=all $(PY) -m pytest -q --timeout=1800 $(XDIST)
+	HYPOTHESIS_PROFILE=thorough TACO_TEST_TORCH_BASE=all TACO_TEST_GOLDEN=all $(PY) -m pytest -q --timeout=1800 $(XDIST)
 
 # PyTorch's own distributed test base, all of it, over the compressing process group as the
 # default group and as subgroups, next to gloo (make test runs a subset of it)

@@ -184,7 +184,7 @@ def machine() -> str:
 # == ranks ======================================================================================
 def _variants(collective: str, size: int, job: dict) -> tuple[list[dict], str]:
     """The implementations measured in a cell (identical on every rank), and a note."""
-    from taco_triton.collectives import compressed as C
+    from taco_triton.collectives import _call
 
     p = job["world"]
     out = [{"impl": "native_bf16", "codec": "-", "pipeline": "-", "pipeline_arg": None, "min_bytes": None}]
@@ -196,8 +196,8 @@ def _variants(collective: str, size: int, job: dict) -> tuple[list[dict], str]:
         # what taco.<collective>(t) does with every default: the size test is on the *input*
         # tensor (the shard, for all_gather), the auto depth on the whole buffer.
         tested = size // p if collective == "all_gather" else size
-        compresses = tested >= C.DEFAULT_MIN_BYTES
-        depth = C._depth(size, "auto")
+        compresses = tested >= _call.DEFAULT_MIN_BYTES
+        depth = _call.depth(size, "auto")
         default_codec = job["codecs"][0] if job["codecs"] else None
         if compresses and depth in job["depths"] and default_codec == "fp8_e4m3":
             note = f"compressed_default = fp8_e4m3 pipeline {depth} row (auto depth {depth}, size >= DEFAULT_MIN_BYTES)"

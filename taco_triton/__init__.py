@@ -19,6 +19,7 @@ from .config import CODEC_SPECS, CodecSpec, CompressionConfig
 from .estimate import Estimate, estimate
 # registers the torch.distributed backend "taco" (dist.init_process_group("taco"), dist.new_group(backend="taco"))
 from .integrations.process_group import GroupOptions, compressed_group
+from .policy import CompressionPolicy
 
 # The autotune runtime registers its lookup of tuned launch parameters with the kernels (they
 # never import the tuner, which imports them to time them).
@@ -30,6 +31,7 @@ __all__ = [
     "CodecSpec",
     "Compressed",
     "CompressionConfig",
+    "CompressionPolicy",
     "Estimate",
     "GroupOptions",
     "WireStats",

@@ -14,7 +14,7 @@ Model (per rank, full-duplex links, the nccl-tests cost model that `WireStats` c
   sends 2 (P-1)/P of its wire bytes (an all-to-all, then an all-gather, of the compressed
   chunks). reduce_scatter and all_gather send half as much, each way. Both take 2 (P-1) steps
   (all_reduce) or P-1 steps.
-- wire bytes come from `WireLayout` (codes, scales, per-chunk padding): exactly what each rank
+- wire bytes come from `WireLayout` (codes, scales) plus each chunk's 4-byte tag and padding: exactly what each rank
   sends when the message cuts into P equal chunks (all_reduce: super-block-aligned ones), the
   average over ranks otherwise.
 - codec time = element-passes x element size / `codec_gbytes_s`: all_reduce compresses the
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import INPUT_DTYPES, SUPERBLOCK_ELEMS, CompressionConfig
+from .kernels import slots
 from .layout import WireLayout
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
@@ -62,7 +63,6 @@ LAUNCHES_PER_SLICE = {"all_reduce": 3, "reduce_scatter": 2, "all_gather": 2}
 #: out (bench/results/host_overhead.csv: 6.0 us, 3.9x a 16-element torch.add timed in the same
 #: run). A GPU host's faster cores do better; Triton's own launch cost on a GPU is not in it.
 HOST_US_PER_LAUNCH = 6.0
-_WIRE_ALIGN = 16  # each compressed chunk's slot in the collectives' buffers is 16-byte aligned
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,49 @@ class Estimate:
     compressed_bytes_per_rank: float
     codec_counted: bool
     break_even_codec_gbytes_s: float  # the codec_gbytes_s at which speedup would be exactly 1
+
+
+#: The collectives `ring_bytes` knows, and the share of `nbytes` each rank sends in them.
+RING_COSTS = {
+    "all_reduce": "2 (P-1)/P of the tensor",
+    "reduce_scatter": "(P-1)/P of the input",
+    "scatter": "(P-1)/P of the root's inputs (on the root)",
+    "all_gather": "P-1 times the shard (nbytes: this rank's input)",
+    "all_to_all": "(P-1)/P of the input, in whole bytes (equal splits)",
+}
+
+
+def ring_bytes(collective: str, nbytes: float, ranks: int) -> float:
+    """Bytes one rank sends in `collective` over `ranks` ranks by the standard ring cost model,
+    the bus bytes nccl-tests counts: the one home of these formulas (`WireStats` records them for
+    every call handed to a process group; `estimate` models with them).
+
+    Args:
+        collective: a key of `RING_COSTS`.
+        nbytes: the bytes of the buffer the call is given: all_reduce the tensor, reduce_scatter,
+            scatter and all_to_all the input, all_gather this rank's shard.
+        ranks: processes in the group, P >= 1.
+
+    Returns:
+        The bytes this rank sends (`RING_COSTS`); an int for all_to_all.
+
+    Raises:
+        ValueError: an unknown collective.
+
+    Example:
+        >>> ring_bytes("all_reduce", 1000, 4), ring_bytes("all_gather", 1000, 4)
+        (1500.0, 3000)
+    """
+    p = ranks
+    if collective == "all_reduce":
+        return 2 * (p - 1) / p * nbytes
+    if collective in ("reduce_scatter", "scatter"):
+        return (p - 1) / p * nbytes
+    if collective == "all_gather":
+        return (p - 1) * nbytes
+    if collective == "all_to_all":
+        return nbytes * (p - 1) // p
+    raise ValueError(f"collective must be one of {list(RING_COSTS)}, got {collective!r}")
 
 
 def _positive(name: str, value) -> float:
@@ -105,8 +148,13 @@ def _integer(name: str, value, low: int) -> int:
 
 def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, collective: str = "all_reduce") -> int:
     """Bytes of the compressed message as the collectives cut it into `ranks` chunks, each its own
-    WireLayout in a 16-byte-aligned slot: all_reduce cuts super-block-aligned chunks, reduce_scatter
-    and all_gather the equal first-dim shards."""
+    WireLayout in a slot with its 4-byte tag, padded to 16 bytes (`slots.slot_bytes`): all_reduce
+    cuts super-block-aligned chunks, reduce_scatter and all_gather the equal first-dim shards.
+
+    Example (1 Mi elements at P = 4, FP8: four slots of 264,464 bytes):
+        >>> compressed_wire_bytes(1 << 20, CompressionConfig(), 4)
+        1057856
+    """
     if collective == "all_reduce":
         chunk = -(-(-(-numel // ranks)) // SUPERBLOCK_ELEMS) * SUPERBLOCK_ELEMS
     else:
@@ -114,7 +162,7 @@ def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, col
     total = 0
     for j in range(ranks):
         n = max(0, min(chunk, numel - j * chunk))
-        total += -(-WireLayout.of(n, config).nbytes // _WIRE_ALIGN) * _WIRE_ALIGN
+        total += slots.slot_bytes(WireLayout.of(n, config).nbytes)
     return total
 
 
@@ -176,9 +224,11 @@ def estimate(
     # a disabled config runs the native collective: same bytes, no codec
     wire = compressed_wire_bytes(numel, config, p, collective) if config.enabled else dense
     two_phase = collective == "all_reduce"
-    share = (2 if two_phase else 1) * (p - 1) / p
     steps = (2 if two_phase else 1) * (p - 1)
-    native_bytes, compressed_bytes = share * dense, share * wire
+    if collective == "all_gather":  # every rank sends its shard, 1/P of the message
+        native_bytes, compressed_bytes = ring_bytes(collective, dense / p, p), ring_bytes(collective, wire / p, p)
+    else:
+        native_bytes, compressed_bytes = ring_bytes(collective, dense, p), ring_bytes(collective, wire, p)
     latency = steps * latency_us * 1e-6
     native_s = native_bytes / link_bytes_s + latency
     link_s = compressed_bytes / link_bytes_s + latency

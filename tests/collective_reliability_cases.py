@@ -125,13 +125,14 @@ def graph_seeds(rank: int, world: int) -> dict:
     without. Returns the outputs' bits."""
     import itertools
 
-    from taco_triton.collectives import compressed
+    from taco_triton.collectives import _streams
+    from taco_triton.collectives._state import STATE
 
     x = torch.randn(4096, generator=torch.Generator().manual_seed(rank)).bfloat16()
     out = {}
 
     def run(cfg, backend="triton"):
-        compressed._calls = itertools.count(1000)  # the same call number every time
+        STATE.calls = itertools.count(1000)  # the same call number every time
         y = x.clone()
         taco.all_reduce(y, config=cfg, min_bytes=0, backend=backend)
         return y.view(torch.int16).tolist()
@@ -140,13 +141,13 @@ def graph_seeds(rank: int, world: int) -> dict:
     out["reference"] = run(STOCHASTIC, backend="torch")
     nearest = STOCHASTIC.replace(rounding="nearest")
     out["nearest_eager"] = run(nearest)
-    forced = compressed._graph_seeds
-    compressed._graph_seeds = lambda device: True
+    forced = _streams.graph_seeds
+    _streams.graph_seeds = lambda device: True
     try:
         out["graph"] = [run(STOCHASTIC) for _ in range(2)]
         out["nearest_graph"] = run(nearest)
     finally:
-        compressed._graph_seeds = forced
+        _streams.graph_seeds = forced
     out["exact"] = sum(torch.randn(4096, generator=torch.Generator().manual_seed(r)).bfloat16().double()
                        for r in range(world)).tolist()
     dist.barrier()
@@ -169,7 +170,7 @@ class _Event:
 def in_flight(rank: int) -> dict:
     """The CUDA rules of the error records, on CPU: each call's work is reported complete only
     when its stand-in event says so (the kernels have written the records already)."""
-    from taco_triton.collectives import compressed
+    from taco_triton.collectives import _streams
 
     out = {}
     kw = {"min_bytes": 0, "backend": "triton", "check": False}
@@ -179,8 +180,8 @@ def in_flight(rank: int) -> dict:
         events.append(_Event())
         return events[-1]
 
-    saved = compressed._completion
-    compressed._completion = event
+    saved = _streams.completion
+    _streams.completion = event
     try:
         # two mismatching async calls of one plan in flight, then a good call that completes
         xs = [torch.ones(300, dtype=torch.bfloat16) for _ in range(2)]
@@ -200,7 +201,7 @@ def in_flight(rank: int) -> dict:
         out["flight_sync_later"] = _failure(lambda: taco.all_reduce(good, config=PLAIN, **kw))
         out["flight_sync_check"] = _outcome(taco.check_errors)
     finally:
-        compressed._completion = saved
+        _streams.completion = saved
     return out
 
 

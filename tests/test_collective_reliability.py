@@ -7,7 +7,7 @@ timeout, so a regression into a hang fails instead of stalling the suite."""
 import pytest
 import torch
 
-from taco_triton.collectives import compressed, p2p
+from taco_triton.collectives import _streams, p2p
 from taco_triton.kernels import slots
 
 from . import collective_reliability_cases as cases
@@ -150,7 +150,7 @@ def test_p2p_encode_salts_the_seed_with_the_device_counter(monkeypatch, rounding
     x = torch.randn(1024, generator=torch.Generator().manual_seed(5)).bfloat16()
     m = p2p._message(x, cfg, "triton")
     eager = m.encode(x, 77).clone()
-    monkeypatch.setattr(compressed, "_graph_seeds", lambda device: True)
+    monkeypatch.setattr(_streams, "graph_seeds", lambda device: True)
     wires = [m.encode(x, 77).clone() for _ in range(2)]
     counter = int(slots.seed_counter(x.device)[0])
     monkeypatch.undo()

@@ -151,3 +151,28 @@ def test_estimate_takes_numpy_integers():
     np = pytest.importorskip("numpy")
     e = taco.estimate(np.prod(np.array([4096, 4096])), link_gbps=100.0, ranks=np.int64(8))
     assert e == taco.estimate(4096 * 4096, link_gbps=100.0, ranks=8)
+
+
+def test_wire_bytes_are_what_a_real_call_hands_the_process_group():
+    """1 Mi bf16 elements at P = 4 (FP8): each rank's chunk is a slot of its wire bytes, its 4-byte
+    tag and padding to 16 bytes; the model counts the tag too (before: 1,057,792 bytes for the
+    1,057,856 the collective sends). Counted on torch's fake process group (rank 0 of 4) with the
+    kernels stubbed: the buffers are the real call's, no data moves."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from taco_triton.estimate import compressed_wire_bytes
+    from taco_triton.host_audit import audit
+
+    numel, p, cfg = 1 << 20, 4, taco.CompressionConfig()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=p)
+    try:
+        with audit(stub_kernels=True), taco.WireStats() as ws:
+            taco.all_reduce(torch.ones(numel, dtype=torch.bfloat16), config=cfg, min_bytes=0, backend="triton",
+                            check=False)
+    finally:
+        dist.destroy_process_group()
+    to_all = [c for c in ws.calls if c.kind == "all_to_all"]
+    assert len(to_all) == 1 and to_all[0].buffer_bytes == compressed_wire_bytes(numel, cfg, p)
+    e = taco.estimate(numel, torch.bfloat16, cfg, ranks=p)
+    assert e.compressed_bytes_per_rank == ws.wire_bytes

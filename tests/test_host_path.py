@@ -93,13 +93,13 @@ def test_a_new_default_group_gets_its_own_plans():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from taco_triton.collectives import _pg
-    from taco_triton.collectives import compressed as C
+    from taco_triton.collectives._state import STATE
 
     for world in (2, 4):
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
         try:
             cases.steady_state(cases.issue("all_reduce", 2, 1, True, check=False))  # same numel at both sizes
             group = _pg.group_object(None)
-            assert {plan.p for key, plan in C._plans.items() if key[0] is group} == {world}
+            assert {plan.p for key, plan in STATE.plans.items() if key[0] is group} == {world}
         finally:
             dist.destroy_process_group()

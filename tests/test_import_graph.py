@@ -31,11 +31,28 @@ def module_files() -> dict[str, Path]:
     return mods
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules that `name` imports anywhere in its source (module level or in a function)."""
+def _statements(tree: ast.Module, at_import: bool):
+    """Every node of `tree`, or with `at_import` those that run when the module is imported
+    (not inside a function's body)."""
+    if not at_import:
+        yield from ast.walk(tree)
+        return
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path], at_import: bool = False,
+               external: bool = False) -> set[str]:
+    """The project modules that `name` imports anywhere in its source (module level or in a
+    function; with `at_import` only what runs when it is imported); with `external` also the
+    top-level names of the other packages it imports."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _statements(ast.parse(path.read_text(), str(path)), at_import):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -49,10 +66,13 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         else:
             continue
         for target in targets:
-            while target and target not in modules:  # `import a.b.c` where only a.b is ours, or an attribute
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.add(target)
+            resolved = target
+            while resolved and resolved not in modules:  # `import a.b.c` where only a.b is ours, or an attribute
+                resolved = resolved.rpartition(".")[0]
+            if resolved and resolved != name:
+                found.add(resolved)
+            elif not resolved and external:
+                found.add(target.split(".")[0])
     return found
 
 
@@ -117,13 +137,72 @@ def test_no_module_imports_one_that_imports_it_back():
     ("taco_triton.kernels", "autotune"),
     ("taco_triton.kernels", "taco_triton.collectives"),
     ("taco_triton.collectives", "taco_triton.parallel"),
+    ("taco_triton.collectives", "taco_triton.policy"),
+    ("taco_triton.policy", "taco_triton.parallel"),
+    ("taco_triton.policy", "taco_triton.integrations"),
     ("taco_triton.parallel", "taco_triton.examples"),
     ("taco_triton.integrations", "taco_triton.examples"),
 ], ids=lambda s: s.rpartition(".")[2])
 def test_the_flow_runs_one_way(lower, upper):
-    """config -> kernels -> ops -> collectives -> parallel/integrations -> examples; the tuner sits
-    above the kernels (it times them) and the kernels never import it."""
+    """config -> kernels -> ops -> collectives -> policy -> parallel/integrations -> examples; the
+    tuner sits above the kernels (it times them) and the kernels never import it."""
     graph = import_graph()
     wrong = sorted(f"{m} -> {t}" for m, ts in graph.items() if m == lower or m.startswith(lower + ".")
                    for t in ts if t == upper or t.startswith(upper + "."))
     assert not wrong, wrong
+
+
+#: The collectives' modules, lowest first: each imports only modules of its own or lower rows.
+#: The state, the CUDA seam and the process-group calls import no other collectives module; the
+#: shapes (what each collective computes) and plans (how a call is prepared) never import the
+#: driver, the call, or the public modules; the public API sits on top.
+COLLECTIVES_LAYERS = [
+    ["_state", "_streams", "_pg"],
+    ["work"],
+    ["_errors", "_handshake"],
+    ["_shapes"],
+    ["_plan"],
+    ["_driver"],
+    ["_steady"],
+    ["_call"],
+    ["compressed", "p2p"],
+]
+
+
+def test_the_collectives_modules_import_only_lower_rows():
+    graph = import_graph()
+    pkg = "taco_triton.collectives"
+    row = {f"{pkg}.{m}": i for i, mods in enumerate(COLLECTIVES_LAYERS) for m in mods}
+    assert set(row) == {m for m in graph if m.startswith(pkg + ".")}, "every collectives module has a row"
+    wrong = sorted(f"{m} -> {t}" for m in row for t in graph[m] if t == pkg or row.get(t, -1) > row[m])
+    assert not wrong, wrong
+    outside = sorted(f"{m} -> {t}" for m in row for t in graph[m]
+                     if t.startswith(("taco_triton.parallel", "taco_triton.integrations", "taco_triton.policy")))
+    assert not outside, outside
+
+
+def test_the_error_records_import_no_kernel_module():
+    """Error records are host bookkeeping: the kernels write them through a launch argument."""
+    kernels = sorted(t for t in import_graph()["taco_triton.collectives._errors"] if t.startswith("taco_triton.kernels"))
+    assert not kernels, kernels
+
+
+def test_importing_the_collectives_imports_no_triton():
+    """Triton is imported by the first launch (`import taco_triton` must not import it: a CPU user
+    sets TRITON_INTERPRET first): nothing the collectives' modules import when they are imported,
+    directly or through other project modules, imports Triton."""
+    modules = module_files()
+    seen, todo, reaches = set(), [m for m in modules if m.startswith("taco_triton.collectives")], []
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in modules:
+            continue
+        seen.add(name)
+        found = imports_of(name, modules[name], modules, at_import=True, external=True)
+        if "triton" in found:
+            reaches.append(name)
+        todo.extend(found)
+    assert not reaches, reaches
+    assert "taco_triton.kernels.compress" in modules and "triton" in imports_of(
+        "taco_triton.kernels.compress", modules["taco_triton.kernels.compress"], modules, at_import=True,
+        external=True), "the reader sees a kernel module's Triton import"

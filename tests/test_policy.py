@@ -106,3 +106,81 @@ def test_policy_drives_the_layers_on_two_ranks(tmp_path):
 def test_policy_rejects_bad_arguments_at_construction(kwargs):
     with pytest.raises((TypeError, ValueError), match=next(iter(kwargs))):
         CompressionPolicy(**kwargs)
+
+
+class _Observing(CompressionPolicy):
+    """Keeps the (numel, dtype) of every tensor shown to `observe`."""
+
+    def observe(self, site, direction, tensor):
+        self.__dict__.setdefault("seen", []).append((tensor.numel(), tensor.dtype))
+        super().observe(site, direction, tensor)
+
+
+MIN_BYTES = 4096
+#: (kind, what is sent): at and just below min_bytes, a non-float dtype, an all_gather shard below
+#: min_bytes whose gathered message (the whole buffer, as the collectives count it) is not
+DECIDED = [
+    pytest.param("all_reduce", torch.zeros(2048, dtype=torch.bfloat16), id="bf16-at-min_bytes"),
+    pytest.param("all_reduce", torch.zeros(2047, dtype=torch.bfloat16), id="bf16-below"),
+    pytest.param("all_reduce", torch.zeros(1024, dtype=torch.float32), id="fp32-at"),
+    pytest.param("all_reduce", torch.zeros(1024, dtype=torch.int32), id="int32-at"),
+    pytest.param("all_gather", torch.zeros(1024, dtype=torch.bfloat16), id="all_gather-shard-below-output-at"),
+    pytest.param("all_gather", torch.zeros(1023, dtype=torch.bfloat16), id="all_gather-output-below"),
+]
+
+
+@pytest.fixture
+def two_fake_ranks():
+    """torch's fake process group, rank 0 of 2: nothing moves (the collectives are recorded)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield dist.distributed_c10d._get_default_group()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind, tensor", DECIDED)
+def test_the_policy_callers_decide_and_observe_alike(kind, tensor, two_fake_ranks, monkeypatch):
+    """The TP mappings, the megatron integration and the compressing process group (collectives
+    and p2p) make one decision per message (`taco_triton.policy.decide`): they compress and
+    observe exactly the messages that could be compressed - a float dtype, the whole buffer at
+    least min_bytes - and nothing else (before, the mappings observed every message and megatron
+    measured an all_gather by its shard)."""
+    from taco_triton.collectives import compressed
+    from taco_triton.integrations.megatron.mappings_mode import MegatronHandle
+    from taco_triton.integrations.process_group import CompressingProcessGroup
+    from taco_triton.parallel import gather_from_sp_region, reduce_from_tp_region
+
+    p, nbytes = 2, tensor.numel() * tensor.element_size()
+    message = p * nbytes if kind == "all_gather" else nbytes
+    could = tensor.dtype in (torch.bfloat16, torch.float16, torch.float32) and message >= MIN_BYTES
+    outcomes = {}
+
+    issued = []
+    for name in ("all_reduce", "all_gather"):
+        monkeypatch.setattr(compressed, name, lambda *a, **k: issued.extend(
+            c for c in a if isinstance(c, taco.CompressionConfig)))  # the config it was handed
+    pol = _Observing(min_bytes=MIN_BYTES)
+    mapping = reduce_from_tp_region if kind == "all_reduce" else gather_from_sp_region
+    mapping(tensor, "s", pol)
+    outcomes["mappings"] = (issued[-1].enabled, pol.__dict__.get("seen", []))
+
+    pol = _Observing(min_bytes=MIN_BYTES)
+    cfg, _ = MegatronHandle(pol)._decide("tp", "s", "forward", kind, tensor, p)
+    outcomes["megatron"] = (cfg is not None, pol.__dict__.get("seen", []))
+
+    pol = _Observing(min_bytes=MIN_BYTES)
+    group = CompressingProcessGroup(0, p, two_fake_ranks, pol, [0, 1])
+    cfg = group._decide(kind, tensor, message, "sum")
+    outcomes["process_group"] = (cfg is not None, pol.__dict__.get("seen", []))
+    if kind == "all_reduce":
+        pol = _Observing(min_bytes=MIN_BYTES)
+        group = CompressingProcessGroup(0, p, two_fake_ranks, pol, [0, 1])
+        cfg = group._p2p_config([tensor], sending=True)
+        outcomes["process_group_p2p"] = (cfg is not None, pol.__dict__.get("seen", []))
+
+    want = (could, [(tensor.numel(), tensor.dtype)] if could else [])
+    assert outcomes == {caller: want for caller in outcomes}

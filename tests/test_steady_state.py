@@ -14,7 +14,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import taco_triton as taco
 from taco_triton.collectives import _pg
-from taco_triton.collectives import compressed as C
+from taco_triton.collectives._state import STATE
 from taco_triton.host_audit import audit
 
 KW = {"min_bytes": 0, "backend": "triton"}
@@ -34,11 +34,11 @@ def fake_group():
 def test_repeats_reuse_the_plan_and_their_threads_buffers(fake_group):
     x = torch.ones(N, dtype=torch.bfloat16)
     taco.all_reduce(x, check=False, **KW)
-    plans, steady = dict(C._plans), dict(C._steady_calls)
+    plans, steady = dict(STATE.plans.items()), dict(STATE.steady.items())
     for _ in range(3):
         taco.all_reduce(x, check=False, **KW)
-    assert C._plans == plans and C._steady_calls == steady  # nothing new was built
-    (plan,) = [p for key, p in C._plans.items() if key[0] is fake_group]
+    assert dict(STATE.plans.items()) == plans and dict(STATE.steady.items()) == steady  # nothing new was built
+    (plan,) = [p for key, p in STATE.plans.items() if key[0] is fake_group]
     assert len(plan._buffers) == 1
     send = plan.buffers()[0].send
     other = threading.Thread(target=lambda: taco.all_reduce(x, check=False, **KW))

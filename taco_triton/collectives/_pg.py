@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..estimate import ring_bytes
+
 # torch 2.13 renamed the *_tensor collectives (the old names warn); torch 2.11 has only the old.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -156,14 +158,14 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def all_reduce(t, op, group, async_op, compressed=False):
     p = dist.get_world_size(group)
-    _record("all_reduce", _nbytes(t), 2 * (p - 1) / p * _nbytes(t), compressed)
+    _record("all_reduce", _nbytes(t), ring_bytes("all_reduce", _nbytes(t), p), compressed)
     guard_exit(t)
     return dist.all_reduce(t, op=op, group=group, async_op=async_op)
 
 
 def reduce_scatter(out, inp, op, group, async_op):
     p = dist.get_world_size(group)
-    _record("reduce_scatter", _nbytes(inp), (p - 1) / p * _nbytes(inp), False)
+    _record("reduce_scatter", _nbytes(inp), ring_bytes("reduce_scatter", _nbytes(inp), p), False)
     guard_exit(inp)
     return _REDUCE_SCATTER(out, inp, op=op, group=group, async_op=async_op)
 
@@ -171,7 +173,7 @@ def reduce_scatter(out, inp, op, group, async_op):
 def all_gather(out, inp, group, async_op, compressed=False):
     if getattr(_stats, "stack", None):
         p = dist.get_world_size(group)
-        _record("all_gather", _nbytes(inp), (p - 1) * _nbytes(inp), compressed)
+        _record("all_gather", _nbytes(inp), ring_bytes("all_gather", _nbytes(inp), p), compressed)
     guard_exit(inp)
     return _ALL_GATHER(out, inp, group=group, async_op=async_op)
 
@@ -217,7 +219,7 @@ def agree(what: str, signature: tuple, device, group) -> None:
     guard_exit(mine)
     every = torch.empty(p, dtype=torch.int64, device=device)
     for ws in getattr(_stats, "stack", ()):
-        ws.fingerprint_bytes += (p - 1) * _nbytes(mine)
+        ws.fingerprint_bytes += ring_bytes("all_gather", _nbytes(mine), p)
     _ALL_GATHER(every, mine, group=group)
     if bool((every == mine).all()):
         return

@@ -21,8 +21,6 @@ helpers, so that its ordering of sends and receives is kept).
 """
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.distributed as dist
 
@@ -31,9 +29,10 @@ from ..config import INPUT_DTYPES, CompressionConfig
 from ..kernels import slots
 from ..kernels.slots import salt
 from ..layout import WireLayout
-from . import _handshake, _pg
-from . import compressed as _compressed
-from .compressed import DEFAULT_MIN_BYTES
+from . import _errors, _handshake, _pg, _streams
+from ._call import DEFAULT_MIN_BYTES
+from ._state import STATE
+from .work import Pending
 
 __all__ = ["decode_into", "encode", "irecv", "isend", "should_compress", "wire_like"]
 
@@ -50,11 +49,6 @@ def should_compress(tensor: torch.Tensor, config: CompressionConfig | None, min_
             return False
         min_bytes = DEFAULT_MIN_BYTES
     return tensor.numel() * tensor.element_size() >= min_bytes
-
-
-_TAG = 4
-_ALIGN = 16
-_sent = itertools.count()  # per-message salt of stochastic rounding (identical sends differ)
 
 
 def signature(tensor: torch.Tensor, config: CompressionConfig | None) -> tuple:
@@ -74,7 +68,7 @@ class _Message:
         self.config, self.backend = config, ops.resolve_backend(backend, tensor.device)
         self.sig = signature(tensor, config)
         self.layout = WireLayout.of(tensor.numel(), config)
-        self.nbytes = -(-(self.layout.nbytes + _TAG) // _ALIGN) * _ALIGN
+        self.nbytes = slots.slot_bytes(self.layout.nbytes)
         self.tag = _tag(self.sig)
         self.device = tensor.device
         self._encode = self._decode = self._encode_graph = None
@@ -91,14 +85,14 @@ class _Message:
             if self.layout.nbytes:
                 ops.compress_into(flat, self.config.replace(seed=seed) if self.config.stochastic else self.config,
                                   wire[: self.layout.nbytes], self.backend)
-            wire[self.layout.nbytes : self.layout.nbytes + _TAG] = torch.tensor(
+            wire[self.layout.nbytes : self.layout.nbytes + slots.TAG_BYTES] = torch.tensor(
                 list(self.tag.to_bytes(4, "little")), dtype=torch.uint8, device=flat.device)
             return wire
         if self._encode is None:  # with stochastic rounding also the launch CUDA graphs capture
             self._encode = self._encode_launch(flat, wire, None)
             if self.config.stochastic:
                 self._encode_graph = self._encode_launch(flat, wire, slots.seed_counter(flat.device))
-        if self.config.stochastic and _compressed._graph_seeds(flat.device):
+        if self.config.stochastic and _streams.graph_seeds(flat.device):
             slots.seed_counter(flat.device).add_(1)  # so that every replay rounds with fresh seeds
             self._encode_graph(flat, wire, seed)
         else:
@@ -118,7 +112,8 @@ class _Message:
         """Check the tag and decompress: on the Triton path returns the message's error record as
         watched (`handle`: a receive's Work owns its error); the reference path raises at once."""
         if self.backend != "triton":
-            got = int.from_bytes(bytes(wire[self.layout.nbytes : self.layout.nbytes + _TAG].cpu().tolist()), "little")
+            got = int.from_bytes(bytes(wire[self.layout.nbytes : self.layout.nbytes + slots.TAG_BYTES].cpu().tolist()),
+                                 "little")
             if got != self.tag:
                 flat.fill_(float("nan"))  # as the Triton path: the tensor never holds a garbage decode
                 raise _mismatch(self.sig, got, self.tag)
@@ -135,7 +130,7 @@ class _Message:
                 launch_params("decompress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
                 elem_align=slots.elem_align([(0, flat.numel())])), ("data_ptr", "out_ptr", "err_ptr", "k", "seq"))
         self._decode(wire, flat, record.tensor, 0, 0)
-        return _compressed._watch(self, record, flat.device, handle)
+        return _errors.watch(self, record, flat.device, handle)
 
     def error(self, record) -> ValueError:
         _, _, got, want, _ = record
@@ -150,32 +145,50 @@ def _mismatch(sig, got: int, want: int) -> ValueError:
     )
 
 
-_messages: dict = {}
-
-
 def _message(tensor: torch.Tensor, config: CompressionConfig, backend: str) -> _Message:
+    """The geometry and launches of a message like `tensor` (kept: `STATE.messages`)."""
     key = (tensor.numel(), tensor.dtype, config, tensor.device, backend)
-    m = _messages.get(key)
+    m = STATE.messages.get(key)
     if m is None:
-        if len(_messages) > 1024:
-            _messages.clear()
-        m = _messages[key] = _Message(tensor, config, backend)
+        m = _Message(tensor, config, backend)
+        STATE.messages.put(key, m)
     return m
 
 
 def encode(tensor: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
     """The wire buffer of `tensor` (1-D uint8; compressed once): the codec's bytes, then a 4-byte
     tag of (size, dtype, config) the receiver checks before using them, zero-padded to 16 bytes.
-    Stochastic rounding gets a fresh seed per message, so errors average out across messages."""
+    Stochastic rounding gets a fresh seed per message, so errors average out across messages.
+
+    Args:
+        tensor: the message (bf16, fp16 or fp32; any strides).
+        config: the `CompressionConfig` both ends use.
+        backend: codec backend, as in `taco_triton.compress`.
+
+    Returns:
+        The wire buffer, `wire_like(tensor, config)`'s size.
+
+    Raises:
+        ValueError: a backend that is not supported.
+    """
     m = _message(tensor, config, backend)
-    seed = salt(config.seed, _rank(), next(_sent)) if config.stochastic else config.seed
+    seed = salt(config.seed, _rank(), next(STATE.messages_sent)) if config.stochastic else config.seed
     return m.encode(tensor.detach().contiguous().view(-1), seed)
 
 
 def wire_like(tensor: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
-    """An empty wire buffer for a message shaped like `tensor`."""
-    nbytes = -(-(WireLayout.of(tensor.numel(), config).nbytes + _TAG) // _ALIGN) * _ALIGN
-    return torch.empty(nbytes, dtype=torch.uint8, device=tensor.device)
+    """An empty wire buffer for a message shaped like `tensor`.
+
+    Args:
+        tensor: a tensor of the message's size (its dtype and device are the message's).
+        config: the `CompressionConfig` both ends use.
+
+    Returns:
+        A 1-D uint8 tensor on `tensor`'s device: the message's wire bytes, its tag and padding to
+        16 bytes (`slots.slot_bytes`).
+    """
+    return torch.empty(slots.slot_bytes(WireLayout.of(tensor.numel(), config).nbytes), dtype=torch.uint8,
+                       device=tensor.device)
 
 
 def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> None:
@@ -183,7 +196,21 @@ def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionCon
     leaves allowed). A tag that does not match this end's (size, dtype, config) raises
     ValueError and leaves NaN in `tensor`: on the Triton path without a host synchronization,
     when the work is done (at once on CPU; on CUDA at a later collective or
-    `taco_triton.check_errors()`; see there)."""
+    `taco_triton.check_errors()`; see there).
+
+    Args:
+        wire: the received wire buffer (`wire_like`'s size).
+        tensor: where the message goes, contiguous, of the message's size and dtype.
+        config: the `CompressionConfig` both ends use.
+        backend: codec backend, as in `taco_triton.compress`.
+
+    Returns:
+        None; `tensor` holds the message.
+
+    Raises:
+        ValueError: a non-contiguous `tensor`, a wire buffer of the wrong size or dtype, or a tag
+            that does not match (see above).
+    """
     if not tensor.is_contiguous():
         raise ValueError(f"decode_into needs a contiguous tensor, got shape {tuple(tensor.shape)} "
                          f"with strides {tensor.stride()}")
@@ -191,7 +218,7 @@ def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionCon
     if wire.dtype != torch.uint8 or wire.dim() != 1 or wire.numel() != m.nbytes:
         raise ValueError(f"decode_into: the wire buffer must be 1-D uint8 with {m.nbytes} bytes for {m.sig}, got "
                          f"{wire.dtype} {tuple(wire.shape)}")
-    _compressed._end_of_call(m.decode(wire, tensor.detach().view(-1), handle=False))
+    _errors.end_of_call(m.decode(wire, tensor.detach().view(-1), handle=False))
 
 
 def _rank() -> int:
@@ -205,62 +232,32 @@ def record_send(buffer: torch.Tensor, compressed: bool) -> None:
     _pg.guard_exit(buffer)
 
 
-class _DecodeOnWait:
-    """A receive's Work: `wait()` waits for the wire buffer, then checks and decompresses it (once).
-    A message whose tag did not match makes this and every later `wait()` raise."""
+def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, message: _Message) -> Pending:
+    """A receive's Work: `wait()` waits for the wire buffer (once: a gloo p2p Work waited twice
+    blocks), then checks and decompresses it into `tensor`; the message's error record belongs to
+    this Work. A failure (a handshake the sender failed, a tag that did not match) makes this and
+    every later `wait()` raise."""
 
-    def __init__(self, work, wire, tensor, message):
-        self._work, self._wire, self._tensor, self._message = work, wire, tensor, message
-        self._entry = self._error = None
+    def finish():
+        work.wait()  # a handshake the sender failed raises here
+        return message.decode(wire, tensor.detach().view(-1), handle=True)  # the reference path's tag check raises
 
-    def wait(self, timeout=None) -> bool:
-        if self._error is not None:
-            raise self._error
-        if self._wire is not None:
-            wire, self._wire = self._wire, None  # once: a gloo p2p Work waited twice blocks
-            try:
-                self._work.wait()  # a handshake the sender failed raises here
-                self._entry = self._message.decode(wire, self._tensor.detach().view(-1), handle=True)
-            except BaseException as e:  # and the reference path's tag check here
-                self._error = e
-                raise
-        if self._entry is not None and _compressed._own_error(self._entry) is not None:
-            self._error = self._entry.error
-            _compressed._report(self._entry)
-        return True
-
-    def is_completed(self) -> bool:
-        return self._wire is None and self._error is None
+    return Pending(finish)
 
 
-class _SendWork:
-    """A send's Work when a handshake decides it (its own or the open one of its signature's
-    first message): `wait()` waits for the send, then raises if the receiver refused (it drained
-    the payload), at this and every later call."""
+def _decided_send(payload, handshake: _handshake.Handshake) -> Pending:
+    """A send's Work when a handshake decides it (its own or the open one of its signature's first
+    message): `wait()` waits for the send, then raises if the receiver refused (it drained the
+    payload), at this and every later call."""
 
-    def __init__(self, payload, handshake: _handshake.Handshake):
-        self._payload, self._handshake = payload, handshake
-        self._error = None
-        self._done = False
+    def finish():
+        payload.wait()
+        if handshake.outcome() is not None:
+            error = handshake.error
+            handshake.raised()
+            raise error
 
-    def wait(self, timeout=None) -> bool:
-        if self._error is not None:
-            raise self._error
-        if not self._done:
-            try:
-                self._payload.wait()
-            except BaseException as e:
-                self._error = e
-                raise
-            self._done = True
-            if self._handshake.outcome() is not None:
-                self._error = self._handshake.error
-                self._handshake.raised()
-                raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done and self._error is None
+    return Pending(finish)
 
 
 def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig | None = None, *,
@@ -273,7 +270,21 @@ def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig 
     signature issued before then fail alike). Both ends must therefore use this module's `isend`
     / `irecv` (a plain `dist.irecv` would never answer the handshake). `check` as in the
     collectives (False: no handshake, "always": before every message); after the first message
-    only the message's tag is checked, on the device."""
+    only the message's tag is checked, on the device.
+
+    Args:
+        tensor: the message.
+        dst: the receiving rank (global).
+        group: process group (None: the default group).
+        config: the `CompressionConfig` both ends use (None: sent natively).
+        min_bytes: as in `should_compress`; both ends must pass the same.
+        backend: codec backend, as in `taco_triton.compress`.
+        check: the handshake mode, as the collectives' `check`.
+
+    Returns:
+        A Work: torch's own send Work, or (when a handshake decides the message) one whose
+        `wait()` raises ValueError if the receiver refused it, at every later wait() too.
+    """
     compress = should_compress(tensor, config, min_bytes, backend)
     sig = signature(tensor, config if compress else None)
     key, hs = _handshake.key(dst, group, sig, True), None
@@ -299,7 +310,7 @@ def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig 
         if hs is not None:
             hs.post()
         work = dist.isend(buf, dst, group=group)
-    return work if decides is None else _SendWork(work, decides)
+    return work if decides is None else _decided_send(work, decides)
 
 
 def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig | None = None, *,
@@ -313,7 +324,20 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
     a non-contiguous tensor. At `wait()` (this and every later one): ValueError when the
     handshake finds the sender disagrees (its payload is taken off the wire; `tensor` is left as
     it was), or when the message's tag does not match (a later mismatch; `tensor` is NaN) - on
-    CUDA the latter once the decode has run (see `taco_triton.check_errors`)."""
+    CUDA the latter once the decode has run (see `taco_triton.check_errors`).
+
+    Args:
+        tensor: where the message goes (contiguous when it is compressed).
+        src: the sending rank (global).
+        group: process group (None: the default group).
+        config: the sender's `CompressionConfig` (None: received natively).
+        min_bytes: as the sender's.
+        backend: codec backend, as in `taco_triton.compress`.
+        check: the handshake mode, as the sender's.
+
+    Returns:
+        A Work whose `wait()` leaves the message in `tensor` (a compressed one: a `Pending`).
+    """
     _pg.guard_exit(tensor)
     compress = should_compress(tensor, config, min_bytes, backend)
     if compress and not tensor.is_contiguous():
@@ -341,4 +365,4 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
                              now=hs.post if hs is not None else None)
     if work is None:
         work = dist.irecv(into, src, group=group)
-    return _DecodeOnWait(work, into, tensor, m) if compress else work
+    return _decode_on_wait(work, into, tensor, m) if compress else work

@@ -8,7 +8,7 @@
 
 `CompressedColwiseParallel`, `CompressedRowwiseParallel`, `CompressedSequenceParallel` and
 `CompressedPrepareModuleInput` take the torch style's arguments plus ``policy=`` (a
-`taco_triton.parallel.CompressionPolicy`) and ``name=``. They shard parameters exactly as the
+`taco_triton.CompressionPolicy`) and ``name=``. They shard parameters exactly as the
 torch styles do and give outputs the same placements and shapes, so the rest of a plan does not
 change; only the redistributions the styles run at their module boundaries go through
 `taco_triton.parallel`'s communication (`taco_triton.all_reduce / reduce_scatter / all_gather`
@@ -59,7 +59,7 @@ from torch.distributed.tensor.placement_types import Placement
 # The policy-aware communication of our own TP layers (comm_dtype cast, observe, config_for,
 # min_bytes): one place for that logic.
 from ..parallel import mappings as _comm
-from ..parallel.policy import CompressionPolicy
+from ..policy import CompressionPolicy
 
 __all__ = [
     "CompressedColwiseParallel",

@@ -1,5 +1,9 @@
 """A process group that compresses what a `CompressionPolicy` asks for and forwards the rest.
 
+(Longer than the project's ~500 lines per module: it is one class with a method for each entry
+point torch.distributed calls on a process group, collectives, lists, coalescing, p2p and the
+forwarded rest; its Work types, policy decision and byte counts live elsewhere.)
+
     import taco_triton as taco
     tp = taco.compressed_group(tp_group, policy)          # once, on every rank of tp_group
     dist.all_reduce(x, group=tp)                          # and any other torch.distributed call
@@ -52,7 +56,9 @@ import torch.distributed as dist
 
 from ..collectives import _pg, p2p
 from ..collectives import compressed as coll
-from ..config import INPUT_DTYPES
+from ..collectives.work import PendingWork, all_of, completed
+from ..estimate import ring_bytes
+from ..policy import CompressionPolicy, decide, eligible
 from . import sites
 
 __all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupOptions", "GroupStats", "compressed_group"]
@@ -61,7 +67,6 @@ __all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupOptions", "Gr
 #: ``dist.init_process_group("taco")``, ``dist.new_group(ranks, backend="taco")``.
 BACKEND = "taco"
 
-_C10D = torch._C._distributed_c10d
 #: The site of point-to-point messages (the same at both ends; ``exempt=["p2p"]`` forwards them).
 P2P_SITE = "p2p"
 _COMPRESSIBLE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
@@ -90,7 +95,7 @@ class GroupOptions:
             None: under a compressing default group, its inner backend; under another default
             group, the default group's backend; for the default group itself, the device's own
             (``"cpu:gloo,cuda:nccl"`` where CUDA and NCCL are available, else ``"gloo"``).
-        policy: a `taco_triton.parallel.CompressionPolicy`. None: the compressing default group's
+        policy: a `taco_triton.CompressionPolicy`. None: the compressing default group's
             policy (groups made under it share it), else a new default ``CompressionPolicy()``.
 
     Example:
@@ -135,88 +140,21 @@ def _op_of(opts):
     return None
 
 
-def _done(result, device: torch.device):
-    """A completed Work whose future holds `result` (on CUDA: with the current stream's events)."""
-    if device.type == "cuda" and result is not None:
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        fut = torch.futures.Future(devices=[device])
-    else:  # CPU work is done; a coalescing block's end has no tensors to order
-        fut = torch.futures.Future()
-    fut.set_result(result)
-    return _C10D._create_work_from_future(fut)
-
-
-def _all_of(works: list, result, device: torch.device):
-    """One Work that completes when every Work in `works` (None: already done) has."""
-    works = [w for w in works if w is not None]
-    if not works:
-        return _done(result, device)
-    return _WaitAll(works, result)
-
-
-class _WaitAll(dist.Work):
-    """The Work of a coalesced call: `wait()` waits for each part's Work, in order."""
-
-    def __init__(self, works: list, result):
-        super().__init__()
-        self._works, self._result = works, result
-
-    def wait(self, timeout=None) -> bool:
-        for w in self._works:
-            w.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._works)
-
-    def get_future(self):
-        try:
-            futures = [w.get_future() for w in self._works]
-        except RuntimeError:  # some Works have no future (gloo's reduce_scatter, send, ...): wait now
-            self.wait()
-            fut = torch.futures.Future()
-            fut.set_result(self._result)
-            return fut
-        return torch.futures.collect_all(futures).then(lambda _: self._result)
-
-
-class _DecodeOnWait(dist.Work):
+def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> PendingWork:
     """A compressed receive's Work: `wait()` waits for the wire buffer, then decompresses it into
     the caller's tensor (once); a failed receive keeps raising its error. It has no future
     (receives are waited on, as torch's gloo receives are)."""
 
-    def __init__(self, work, wire: torch.Tensor, tensor: torch.Tensor, cfg):
-        super().__init__()
-        self._work, self._wire, self._tensor, self._cfg = work, wire, tensor, cfg
-        self._error: BaseException | None = None
+    def finish():
+        work.wait()
+        if tensor.is_contiguous():
+            p2p.decode_into(wire, tensor, cfg)
+        else:
+            dense = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            p2p.decode_into(wire, dense, cfg)
+            tensor.copy_(dense)
 
-    def wait(self, timeout=None) -> bool:
-        if self._error is not None:
-            raise self._error
-        if self._wire is not None:
-            try:
-                self._work.wait()
-                if self._tensor.is_contiguous():
-                    p2p.decode_into(self._wire, self._tensor, self._cfg)
-                else:
-                    dense = torch.empty_like(self._tensor, memory_format=torch.contiguous_format)
-                    p2p.decode_into(self._wire, dense, self._cfg)
-                    self._tensor.copy_(dense)
-            except BaseException as e:
-                self._error = e
-                raise
-            self._wire = None
-        return True
-
-    def is_completed(self) -> bool:
-        return self._wire is None and self._error is None
-
-    def is_success(self) -> bool:
-        return self.is_completed()
-
-    def exception(self):
-        return self._error
+    return PendingWork(finish)
 
 
 class CompressingProcessGroup(dist.ProcessGroup):
@@ -297,11 +235,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         if not self._patterns_checked and sites.tracking():
             self._patterns_checked = True
             sites.check_patterns(self.policy)
-        if (op is None or self.size() == 1 or tensor.dtype not in INPUT_DTYPES
-                or nbytes < self.policy.min_bytes or tensor.layout != torch.strided):
-            return None
-        self.policy.observe(site, direction, tensor)
-        cfg = self.policy.config_for(site, direction)
+        cfg = decide(self.policy, site, direction, tensor, nbytes=nbytes, ranks=self.size(), compressible=op is not None)
         if cfg is not None:
             st.compressed += 1
         return cfg
@@ -340,11 +274,11 @@ class CompressingProcessGroup(dist.ProcessGroup):
         if cfg is None:
             return self._forward_all_reduce("allreduce", [t], opts)
         coll.all_reduce(t, self._inner_for(t), cfg, op=_op_of(opts), min_bytes=self.policy.min_bytes)
-        return self._track(_done([t], t.device))
+        return self._track(completed([t], t.device))
 
     def _forward_all_reduce(self, method: str, tensors, opts):
         n = sum(_nbytes(t) for t in tensors)
-        return self._forward("all_reduce", n, 2 * (self.size() - 1) / self.size() * n, method, tensors, opts)
+        return self._forward("all_reduce", n, ring_bytes("all_reduce", n, self.size()), method, tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
@@ -354,7 +288,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         one = dist.AllreduceOptions()
         one.reduceOp = opts.reduceOp
         works = [self._all_reduce_one(t, cfg, one) for t, cfg in zip(tensors, cfgs)]
-        return _all_of(works, list(tensors), tensors[0].device)
+        return all_of(works, list(tensors), tensors[0].device)
 
     # ------------------------------------------------------------------ reduce_scatter
     def reduce_scatter_single(self, output, input, opts=None):
@@ -366,9 +300,10 @@ class CompressingProcessGroup(dist.ProcessGroup):
         if cfg is None:
             n = _nbytes(input)
             method = "reduce_scatter_single" if hasattr(inner, "reduce_scatter_single") else "_reduce_scatter_base"
-            return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, method, output, input, opts)
+            return self._forward("reduce_scatter", n, ring_bytes("reduce_scatter", n, self.size()), method, output, input,
+                                 opts)
         coll.reduce_scatter(output, input, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
-        return self._track(_done([output], output.device))
+        return self._track(completed([output], output.device))
 
     _reduce_scatter_base = reduce_scatter_single  # the name torch < 2.13 calls
 
@@ -383,15 +318,15 @@ class CompressingProcessGroup(dist.ProcessGroup):
             cfg = self._decide("reduce_scatter", flat, _nbytes(flat), op)
             if cfg is not None:
                 coll.reduce_scatter(out, flat, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
-                return self._track(_done(list(outputs), out.device))
+                return self._track(completed(list(outputs), out.device))
         n = sum(_nbytes(t) for ts in input_lists for t in ts)
-        return self._forward("reduce_scatter", n, (self.size() - 1) / self.size() * n, "reduce_scatter",
+        return self._forward("reduce_scatter", n, ring_bytes("reduce_scatter", n, self.size()), "reduce_scatter",
                              outputs, input_lists, opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = dist.ReduceScatterOptions() if opts is None else opts
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _all_of(works, list(outputs), outputs[0].device)
+        return all_of(works, list(outputs), outputs[0].device)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch < 2.13
 
@@ -403,10 +338,10 @@ class CompressingProcessGroup(dist.ProcessGroup):
         cfg = self._decide("all_gather", input, _nbytes(output), "sum")
         if cfg is None:
             method = "all_gather_single" if hasattr(inner, "all_gather_single") else "_allgather_base"
-            return self._forward("all_gather", _nbytes(input), (self.size() - 1) * _nbytes(input), method,
+            return self._forward("all_gather", _nbytes(input), ring_bytes("all_gather", _nbytes(input), self.size()), method,
                                  output, input, opts)
         coll.all_gather(output, input, inner, cfg, min_bytes=self.policy.min_bytes)
-        return self._track(_done([output], output.device))
+        return self._track(completed([output], output.device))
 
     _allgather_base = all_gather_single  # the name torch < 2.13 calls
 
@@ -423,27 +358,29 @@ class CompressingProcessGroup(dist.ProcessGroup):
                 coll.all_gather(flat, inp.reshape(-1), inner, cfg, min_bytes=self.policy.min_bytes)
                 for o, part in zip(outs, flat.view(self.size(), -1)):
                     o.copy_(part.view(o.shape))
-                return self._track(_done(output_lists, inp.device))
+                return self._track(completed(output_lists, inp.device))
         # forwarded in its own form: inner's Work writes the caller's outputs itself
         n = sum(_nbytes(t) for t in inputs)
-        return self._forward("all_gather", n, (self.size() - 1) * n, "allgather", output_lists, inputs, opts)
+        return self._forward("all_gather", n, ring_bytes("all_gather", n, self.size()), "allgather", output_lists, inputs,
+                             opts)
 
     def _decide_peek(self, tensor: torch.Tensor, nbytes: int, op: str | None) -> bool:
         """Whether a list-form call could be compressed (op, dtype, size), before it is counted;
         if not, it is forwarded in its own form."""
-        return op is not None and self.size() > 1 and tensor.dtype in INPUT_DTYPES and nbytes >= self.policy.min_bytes
+        return eligible(self.policy, tensor, nbytes, self.size(), op is not None)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = dist.AllgatherOptions() if opts is None else opts
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _all_of(works, list(outputs), outputs[0].device)
+        return all_of(works, list(outputs), outputs[0].device)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch < 2.13
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         opts = dist.AllgatherOptions() if opts is None else opts
         n = sum(_nbytes(t) for t in inputs)
-        return self._forward("all_gather", n, (self.size() - 1) * n, "allgather_coalesced", output_lists, inputs, opts)
+        return self._forward("all_gather", n, ring_bytes("all_gather", n, self.size()), "allgather_coalesced",
+                             output_lists, inputs, opts)
 
     # ------------------------------------------------------------------ forwarded unchanged
     def broadcast(self, tensors, opts=None):
@@ -452,17 +389,14 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return self._forward("broadcast", n, n if self.rank() == opts.rootRank else 0, "broadcast", tensors, opts)
 
     # ------------------------------------------------------------------ point-to-point
-    def _p2p_config(self, tensors):
+    def _p2p_config(self, tensors, sending: bool):
         """The config of a message, decided alike by sender and receiver from what both know: the
         policy at site "p2p", direction "forward", the dtype and size (never the module or the
-        direction, which differ between the two ends)."""
+        direction, which differ between the two ends). The sender's tensor is observed (a
+        receive buffer holds nothing yet)."""
         if len(tensors) != 1:
             return None
-        (t,) = tensors
-        if (self.size() == 1 or t.dtype not in INPUT_DTYPES or _nbytes(t) < self.policy.min_bytes
-                or t.layout != torch.strided):
-            return None
-        return self.policy.config_for(P2P_SITE, "forward")
+        return decide(self.policy, P2P_SITE, "forward", tensors[0], ranks=self.size(), observe=sending)
 
     def _count_p2p(self, kind: str, t: torch.Tensor, compressed: bool) -> None:
         st = self.stats.setdefault((P2P_SITE, "forward", kind), GroupStats())
@@ -471,7 +405,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         st.bytes += _nbytes(t)
 
     def send(self, tensors, dst, tag=0):
-        cfg = self._p2p_config(tensors)
+        cfg = self._p2p_config(tensors, sending=True)
         if cfg is None:
             n = sum(_nbytes(t) for t in tensors)
             return self._forward("send", n, n, "send", tensors, dst, tag)
@@ -483,14 +417,14 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return self._track(inner.send([wire], dst, tag))  # the Work keeps `wire` alive until it is sent
 
     def recv(self, tensors, src, tag=0):
-        cfg = self._p2p_config(tensors)
+        cfg = self._p2p_config(tensors, sending=False)
         if cfg is None:
             return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv", tensors, src, tag)
         (t,) = tensors
         inner = self._inner_for(t)
         self._count_p2p("recv", t, True)
         wire = p2p.wire_like(t, cfg)
-        return self._track(_DecodeOnWait(inner.recv([wire], src, tag), wire, t, cfg))
+        return self._track(_decode_on_wait(inner.recv([wire], src, tag), wire, t, cfg))
 
     def recv_anysource(self, tensors, tag=0):
         return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv_anysource", tensors, tag)
@@ -502,7 +436,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
             row = n // max(1, input.shape[0]) if input.dim() else n
             sent = sum(s for j, s in enumerate(input_split_sizes) if j != self.rank()) * row
         else:
-            sent = n * (self.size() - 1) // self.size()
+            sent = ring_bytes("all_to_all", n, self.size())
         inner = self.inner
         method = "all_to_all_single" if hasattr(inner, "all_to_all_single") else "alltoall_base"
         return self._forward("all_to_all", n, sent, method, output, input, output_split_sizes, input_split_sizes, opts)
@@ -529,7 +463,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def scatter(self, outputs, inputs, opts=None):
         opts = dist.ScatterOptions() if opts is None else opts
         n = sum(_nbytes(t) for ts in inputs for t in ts)
-        return self._forward("scatter", n, n * (self.size() - 1) / self.size() if n else 0, "scatter",
+        return self._forward("scatter", n, ring_bytes("scatter", n, self.size()), "scatter",
                              outputs, inputs, opts)
 
     def reduce(self, tensors, opts=None):
@@ -552,7 +486,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     def _end_coalescing(self, device):
         works, self._coalescing = self._coalescing or [], None
-        return _all_of(works, None, torch.device(device) if device is not None else torch.device("cpu"))
+        return all_of(works, None, torch.device(device) if device is not None else torch.device("cpu"))
 
 
 def _inner_and_policy(options: GroupOptions | None, is_default: bool) -> tuple[object, object]:
@@ -572,8 +506,6 @@ def _inner_and_policy(options: GroupOptions | None, is_default: bool) -> tuple[o
         else:
             inner = "gloo"
     if policy is None:
-        from ..parallel.policy import CompressionPolicy
-
         policy = CompressionPolicy()
     return inner, policy
 
@@ -626,7 +558,7 @@ def compressed_group(inner=None, policy=None) -> CompressingProcessGroup:
         inner: the process group that carries the bytes (None: the default group, or the inner
             group of a compressing default group). Its backend must serve the tensors' device
             (gloo: CPU, nccl: CUDA). Destroying the compressing group leaves it alone.
-        policy: a `taco_triton.parallel.CompressionPolicy` (None: a compressing default group's
+        policy: a `taco_triton.CompressionPolicy` (None: a compressing default group's
             policy, else the default: FP8 E4M3 for every site, messages from `policy.min_bytes` =
             1 MiB up). Sites are named by
             `taco_triton.integrations.sites.track_sites`. Tensors travel in their own dtype

@@ -39,7 +39,9 @@ TAG = 11
 SRC = 12       # the rank (or chunk) the slot belongs to, for errors
 DESC = 16
 
+#: Bytes of the tag after a slot's wire bytes (the sender's fingerprint of the call and the slot).
 TAG_BYTES = 4
+#: Every slot starts ALIGN-byte aligned (16-byte vector loads, FP32 scale views).
 ALIGN = 16
 #: Fields of an error record: set, slice, source rank, tag found, tag expected, call number.
 ERR_FIELDS = 8
@@ -48,7 +50,14 @@ _ADD = 0x9E3779B9
 
 
 def round_up(n: int, a: int) -> int:
+    """`n` rounded up to a multiple of `a`."""
     return -(-n // a) * a
+
+
+def slot_bytes(nbytes: int) -> int:
+    """The stride of a slot that holds `nbytes` wire bytes: the bytes, the tag, zeros up to the
+    next `ALIGN` boundary (the collectives' and p2p's buffers, and what `estimate` counts)."""
+    return round_up(nbytes + TAG_BYTES, ALIGN)
 
 
 def salt(seed: int, *values: int) -> int:
@@ -58,6 +67,12 @@ def salt(seed: int, *values: int) -> int:
     for s in values:
         h = (h * _M + s + _ADD) % 2**31
     return h
+
+
+def salted(config, *values: int):
+    """`config` with its seed salted with `values` (`salt`: the rank, the call, the slice, ...) when
+    it rounds stochastically, so rounding is independent across ranks and calls; else `config`."""
+    return config.replace(seed=salt(config.seed, *values)) if config.stochastic else config
 
 
 _seed_counters: dict = {}

@@ -9,7 +9,8 @@
     torch.Size([8, 64])
 
 `mappings` holds the autograd functions (copy/reduce/gather/scatter), `layers` the column- and
-row-parallel linear layers and their site names, `policy` the per-site compression policy.
+row-parallel linear layers and their site names; `CompressionPolicy` (the per-site compression
+policy, from `taco_triton.policy`) is re-exported here.
 """
 from .layers import (
     ColumnParallelLinear,
@@ -27,7 +28,7 @@ from .mappings import (
     reduce_scatter_to_sp_region,
     scatter_to_tp_region,
 )
-from .policy import CompressionPolicy
+from ..policy import CompressionPolicy
 
 __all__ = [
     "ColumnParallelLinear",

@@ -15,10 +15,11 @@ a local split) in the other:
 Dim 0 is the sequence/token dim of sequence parallelism (Megatron's [s, b, h], or [tokens, h]);
 the last dim is the hidden dim that tensor parallelism shards.
 
-Every call names a *site* (for example "layers.3.mlp.fc2.reduce"); for each communication it
-asks `policy.config_for(site, direction)` ("forward" or "backward"), runs the native collective
-when that is None (or when `policy` is None), passes `min_bytes=policy.min_bytes`, and calls
-`policy.observe(site, direction, tensor)` on the tensor it is about to send (calibration samples).
+Every call names a *site* (for example "layers.3.mlp.fc2.reduce"); each communication is decided
+by `taco_triton.policy.decide` ("forward" or "backward"): a message that could be compressed is
+shown to `policy.observe(site, direction, tensor)` (calibration samples), then
+`policy.config_for(site, direction)` decides it; None (or `policy` None) runs the native
+collective, and `min_bytes=policy.min_bytes` is passed on.
 With a group of world size 1 (or torch.distributed not initialized) every mapping returns its
 input unchanged. Outputs are new tensors: no mapping writes into a tensor autograd handed it.
 """
@@ -29,6 +30,7 @@ import torch.distributed as dist
 
 from ..collectives import compressed as _coll
 from ..config import CompressionConfig
+from ..policy import decide
 
 #: What a site runs when the policy says None: the collectives' native path.
 NATIVE = CompressionConfig(enabled=False)
@@ -59,12 +61,12 @@ def tp_rank(group=None) -> int:
     return dist.get_rank(group)
 
 
-def _plan(policy, site: str, direction: str, tensor: torch.Tensor):
-    """(config, min_bytes) for one communication; records the sample first (calibration)."""
+def _plan(policy, site: str, direction: str, tensor: torch.Tensor, ranks: int, nbytes: int | None = None):
+    """(config, min_bytes) for one communication of `tensor` (`nbytes`: the whole message, as the
+    collectives count it), decided by `decide` (which shows it to the policy first)."""
     if policy is None:
         return NATIVE, None
-    policy.observe(site, direction, tensor)
-    cfg = policy.config_for(site, direction)
+    cfg = decide(policy, site, direction, tensor, nbytes=nbytes, ranks=ranks)
     return (NATIVE if cfg is None else cfg), policy.min_bytes
 
 
@@ -85,7 +87,7 @@ def _outgoing(x: torch.Tensor, policy) -> torch.Tensor:
 
 def _all_reduce(x, site, direction, policy, group):
     buf = _outgoing(x, policy)
-    cfg, min_bytes = _plan(policy, site, direction, buf)
+    cfg, min_bytes = _plan(policy, site, direction, buf, tp_world_size(group))
     _coll.all_reduce(buf, group, cfg, "sum", min_bytes=min_bytes)
     return buf.to(x.dtype)
 
@@ -93,7 +95,7 @@ def _all_reduce(x, site, direction, policy, group):
 def _all_gather_dim0(x, site, direction, policy, group, p):
     src = _outgoing(x, policy)
     out = src.new_empty((p * src.shape[0], *src.shape[1:]))
-    cfg, min_bytes = _plan(policy, site, direction, src)
+    cfg, min_bytes = _plan(policy, site, direction, src, p, p * src.numel() * src.element_size())
     _coll.all_gather(out, src, group, cfg, min_bytes=min_bytes)
     return out.to(x.dtype)
 
@@ -106,7 +108,7 @@ def _reduce_scatter_dim0(x, site, direction, policy, group, p):
         )
     src = _outgoing(x, policy)
     out = src.new_empty((src.shape[0] // p, *src.shape[1:]))
-    cfg, min_bytes = _plan(policy, site, direction, src)
+    cfg, min_bytes = _plan(policy, site, direction, src, p)
     _coll.reduce_scatter(out, src, group, cfg, "sum", min_bytes=min_bytes)
     return out.to(x.dtype)
 
@@ -117,7 +119,7 @@ def _all_gather_last(x, site, direction, policy, group, p):
     # Flat views: gloo's native all-gather insists on output shape [P * d0, ...] of the input's.
     src = _outgoing(x, policy)
     buf = src.new_empty(p * src.numel())
-    cfg, min_bytes = _plan(policy, site, direction, src)
+    cfg, min_bytes = _plan(policy, site, direction, src, p, p * src.numel() * src.element_size())
     _coll.all_gather(buf, src.view(-1), group, cfg, min_bytes=min_bytes)
     return buf.view(p, *src.shape).movedim(0, -2).reshape(*src.shape[:-1], p * src.shape[-1]).to(x.dtype)
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ...collectives import compressed as coll
 from ...config import CompressionConfig
-from ...parallel import CompressionPolicy
+from ...policy import CompressionPolicy
 from .error_feedback import feed_back_error
 
 #: What data-parallel gradients are compressed with by default: INT8 after the block Hadamard
@@ -45,17 +45,6 @@ def gradient_policy(policy=None, *, error_feedback: bool = False):
                              exempt=list(getattr(policy, "exempt", ())), forward=getattr(policy, "forward", True),
                              backward=getattr(policy, "backward", True), overrides=dict(getattr(policy, "overrides", {})),
                              comm_dtype=getattr(policy, "comm_dtype", None))
-
-
-class WorkList:
-    """What our `_coalescing_manager` yields: the async Works issued inside it; `wait()` waits all."""
-
-    def __init__(self):
-        self.works: list = []
-
-    def wait(self, timeout=None) -> None:
-        for w in self.works:
-            w.wait()
 
 
 def collective(handle, kind, tensor, output, op, group, async_op, frame):

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ...parallel import CompressionPolicy
+from ...policy import CompressionPolicy
 from .. import sites
 from .common import ACTIVE, import_parallel_state
 from .dp import gradient_policy

@@ -24,27 +24,12 @@ import torch
 import torch.distributed as dist
 
 from ...collectives import WireStats
-from ...config import INPUT_DTYPES, CompressionConfig
-from ...parallel import CompressionPolicy
+from ...collectives.work import Counted, WaitAll
+from ...config import CompressionConfig
+from ...policy import CompressionPolicy, decide
 from . import patching
 from .common import ACTIVE, AXES, EXTRA, NATIVE, TESTED_VERSION, SiteStats, import_megatron, megatron_version
-from .dp import WorkList, gradient_policy
-
-
-class _CountedWork:
-    """A routed async collective's Work: `wait()` also counts the bytes sent while finishing it."""
-
-    def __init__(self, work, st: SiteStats):
-        self._work, self._st = work, st
-
-    def wait(self, timeout=None):
-        with WireStats() as ws:
-            out = self._work.wait()
-        self._st.wire_bytes += ws.wire_bytes
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._work, name)
+from .dp import gradient_policy
 
 
 class MegatronHandle:
@@ -65,7 +50,7 @@ class MegatronHandle:
         self.error_feedback = error_feedback
         self.compress_param_gather = compress_param_gather
         self.residuals: dict[tuple[int, int], torch.Tensor] = {}  # DP error feedback, per bucket buffer
-        self._batches: list[WorkList] = []
+        self._batches: list[WaitAll] = []  # the open coalescing blocks' Works (DP)
         self.stats: dict[tuple[str, str, str], SiteStats] = {}
         self.patched: list[str] = []
         self._saved: list[tuple[Any, str, Any, Any]] = []
@@ -119,20 +104,17 @@ class MegatronHandle:
     # ------------------------------------------------------------------ routing (every axis)
     def _decide(self, axis, site, direction, kind, tensor, world, native=False) -> tuple[CompressionConfig | None, SiteStats]:
         """The policy's config for one message (None: native), after counting and observing it."""
-        policy = self.policies[axis]
         nbytes = tensor.numel() * tensor.element_size()
-        eligible = tensor.dtype in INPUT_DTYPES and nbytes >= policy.min_bytes
-        if eligible and kind != "recv":  # a receive buffer holds nothing yet
-            policy.observe(site, direction, tensor)
-        cfg = policy.config_for(site, direction)
+        message = world * nbytes if kind == "all_gather" else nbytes  # the whole buffer, as the collectives count it
+        cfg = decide(self.policies[axis], site, direction, tensor, nbytes=message, ranks=world,
+                     compressible=not native, observe=kind != "recv")  # a receive buffer holds nothing yet
         st = self.stats.get((site, direction, kind))
         if st is None:
             st = self.stats[(site, direction, kind)] = SiteStats(axis=axis)
         st.calls += 1
         st.bytes += nbytes
-        compress = eligible and cfg is not None and world > 1 and not native
-        st.compressed += compress
-        return (cfg if compress else None), st
+        st.compressed += cfg is not None
+        return cfg, st
 
     def _route(self, axis, site, direction, kind, tensor, group, issue, native=False):
         """Decide, then `issue(config, min_bytes)` one collective, counting the bytes it sends."""
@@ -140,7 +122,7 @@ class MegatronHandle:
         with WireStats() as ws:
             work = issue(cfg if cfg is not None else NATIVE, self.policies[axis].min_bytes)
         st.wire_bytes += ws.wire_bytes
-        return None if work is None else _CountedWork(work, st)
+        return None if work is None else Counted(work, st)  # its wait() counts what it sends
 
 
 def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback: bool = False,
@@ -148,7 +130,7 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
     """Route megatron-core's TP, PP and DP communication through taco_triton.
 
     Args:
-        policy: a `taco_triton.parallel.CompressionPolicy` (anything with `config_for(site,
+        policy: a `taco_triton.CompressionPolicy` (anything with `config_for(site,
             direction)`, `observe(site, direction, tensor)` and `min_bytes`) for TP collectives
             and pipeline send/recv; DP gradients get `gradient_policy(policy)` (INT8, Hadamard,
             stochastic rounding; the policy's `forward`, `backward`, `exempt`, `overrides` and

@@ -45,6 +45,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ...collectives.work import WaitAll
 from . import dp, pp, tp
 
 MAPPINGS_GLOBALS = (
@@ -263,7 +264,7 @@ def _pp_dp_replacements(h, p2pc, pgb) -> list[tuple[Any, str, Any]]:
     @contextlib.contextmanager
     def _coalescing_manager(group=None, device=None, async_ops=False):
         """Our collectives are issued one by one; the handle megatron keeps waits for all of them."""
-        batch = dp.WorkList()
+        batch = WaitAll()
         h._batches.append(batch)
         try:
             yield batch

@@ -10,22 +10,21 @@ requests).
 from __future__ import annotations
 
 from ...collectives import WireStats, p2p
+from ...collectives.work import Pending
 
 
-class _DecodeAfterAll:
+def _decode_after_all(reqs: list, decodes: list) -> Pending:
     """A pipeline receive's request: waits for the wire buffers' requests, then decompresses each
-    buffer into the tensor megatron allocated (once)."""
+    buffer into the tensor megatron allocated, once (a gloo p2p Work waited twice blocks until the
+    timeout); a failure is raised again by every later wait()."""
 
-    def __init__(self, reqs: list, decodes: list):
-        self._reqs, self._decodes = reqs, decodes
-
-    def wait(self, timeout=None) -> bool:
-        for r in self._reqs:
+    def finish():
+        for r in reqs:
             r.wait()
-        for wire, tensor, cfg in self._decodes:
+        for wire, tensor, cfg in decodes:
             p2p.decode_into(wire, tensor, cfg)
-        self._reqs, self._decodes = [], []  # once: a gloo p2p Work waited twice blocks until the timeout
-        return True
+
+    return Pending(finish)
 
 
 def send_recv(handle, orig, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
@@ -63,9 +62,9 @@ def send_recv(handle, orig, tensor_send_prev, tensor_recv_prev, tensor_send_next
                 tensor_recv_next=recv(tensor_recv_next, "backward", nxt, "recv_next"),
                 group=group, prev_pipeline_rank=prev_pipeline_rank, next_pipeline_rank=next_pipeline_rank)
     if isinstance(reqs, dict):  # _p2p_ops: one request per message, maybe waited later (overlapped p2p)
-        return {k: _DecodeAfterAll([r], [decodes[k]]) if k in decodes else r for k, r in reqs.items()}
+        return {k: _decode_after_all([r], [decodes[k]]) if k in decodes else r for k, r in reqs.items()}
     # _batched_p2p_ops: megatron waits every request of the list, so ours is one request that
     # waits the batch's (one per message on gloo, maybe one in all on NCCL) and then decodes.
     # Never hand megatron a request it would wait twice: a second wait of a gloo p2p Work
     # blocks until the process-group timeout.
-    return [_DecodeAfterAll(list(reqs), list(decodes.values()))] if decodes else reqs
+    return [_decode_after_all(list(reqs), list(decodes.values()))] if decodes else reqs

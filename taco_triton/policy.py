@@ -1,9 +1,12 @@
-"""`CompressionPolicy`: which config each TP communication site uses, and a data-driven plan.
+"""`CompressionPolicy`: which config each communication site uses, and a data-driven plan;
+`decide`: the one decision every user of a policy makes for a message.
 
 A site is a named communication point: "<module name>.<role>" (for example
 "layers.3.mlp.fc2.reduce" or "layers.0.attn.qkv.copy"), in one direction ("forward" or
 "backward"). The policy answers `config_for(site, direction)` with a `CompressionConfig`, or
-None for the native collective.
+None for the native collective. Its users (the TP mappings, the megatron and DTensor
+integrations, the compressing process group) sit above the collectives; the policy only needs
+the collectives' `DEFAULT_MIN_BYTES`.
 
 Data-driven plan: with `calibrate_steps=K > 0`, the first K training steps communicate with the
 default config while the policy keeps a few finite samples per site on every rank (samples
@@ -25,9 +28,9 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..calibrate import check_budget, choose, default_candidates, measure, merge
-from ..collectives.compressed import DEFAULT_MIN_BYTES
-from ..config import CompressionConfig
+from .calibrate import check_budget, choose, default_candidates, measure, merge
+from .collectives.compressed import DEFAULT_MIN_BYTES
+from .config import INPUT_DTYPES, CompressionConfig
 
 DIRECTIONS = ("forward", "backward")
 _PLAN_VERSION = 1
@@ -41,7 +44,15 @@ def _key(site: str, direction: str) -> str:
 
 @dataclass
 class CompressionPolicy:
-    """Per-site compression of tensor-parallel communication.
+    """Per-site compression of communication (tensor-, pipeline- and data-parallel).
+
+    What is observed: every message that could be compressed - a bf16, fp16 or fp32 tensor of
+    at least `min_bytes` (the whole buffer, as the collectives count it: all_reduce the tensor,
+    reduce_scatter the input, all_gather the output), over more than one rank, with a reduce op
+    the collectives compress (sum, avg) - is shown to `observe(site, direction, tensor)` before
+    `config_for` decides it (`decide`), whatever the site's config; nothing else is (a smaller
+    message, an integer tensor, a receive buffer). `observe` keeps samples only while
+    calibrating, and only of sites the policy compresses.
 
     Args:
         default: config for every site not exempt or overridden; None compresses nothing.
@@ -286,3 +297,68 @@ class CompressionPolicy:
         except (OSError, KeyError, TypeError, AttributeError, json.JSONDecodeError, ValueError) as e:
             raise ValueError(f"cannot load compression plan {os.fspath(path)!r}: {e}") from None
         self._plan, self._measured, self._frozen = plan, {k: dict(m) for k, m in measured.items()}, True
+
+
+def eligible(policy, tensor: torch.Tensor, nbytes: int | None = None, ranks: int = 2,
+             compressible: bool = True) -> bool:
+    """Whether a message could be compressed under `policy` (see `CompressionPolicy`).
+
+    Args:
+        policy: anything with `min_bytes`.
+        tensor: what is sent.
+        nbytes: the message's bytes as the collectives count them (default: the tensor's).
+        ranks: processes in the group.
+        compressible: False for a reduce op the collectives do not compress, or a message its
+            caller keeps native.
+
+    Returns:
+        True for a strided bf16/fp16/fp32 tensor of at least `policy.min_bytes` bytes over more
+        than one rank that is `compressible`.
+    """
+    if nbytes is None:
+        nbytes = tensor.numel() * tensor.element_size()
+    return (compressible and ranks > 1 and tensor.dtype in INPUT_DTYPES and tensor.layout == torch.strided
+            and nbytes >= policy.min_bytes)
+
+
+def decide(policy, site: str, direction: str, tensor: torch.Tensor, *, nbytes: int | None = None, ranks: int = 2,
+           compressible: bool = True, observe: bool = True) -> CompressionConfig | None:
+    """The config one message at `site` travels with, or None for the native path: the one
+    decision the TP mappings, the megatron integration and the compressing process group make.
+
+    A message that could be compressed (`eligible`) is first shown to `policy.observe` (unless
+    `observe` is False: a receive buffer holds nothing yet), then `policy.config_for` decides it;
+    any other message is native and not observed.
+
+    Args:
+        policy: a `CompressionPolicy`, or anything with `config_for(site, direction)`,
+            `observe(site, direction, tensor)` and `min_bytes`; None: native.
+        site: the site name.
+        direction: "forward" or "backward".
+        tensor: what is sent (all_gather: this rank's shard; a receive: its buffer).
+        nbytes: the message's bytes as the collectives count them (all_gather: the output,
+            P times the shard); default the tensor's.
+        ranks: processes in the group.
+        compressible: False for a message the caller keeps native whatever the policy says (a
+            reduce op the collectives do not compress, megatron's parameter all-gather).
+        observe: show the tensor to `policy.observe` when it could be compressed.
+
+    Returns:
+        The site's `CompressionConfig`, or None (native).
+
+    Raises:
+        ValueError: `direction` is not "forward" or "backward" (from `config_for`).
+
+    Example:
+        >>> import torch
+        >>> p = CompressionPolicy(min_bytes=1024)
+        >>> decide(p, "fc2.reduce", "forward", torch.zeros(512, dtype=torch.bfloat16)).codec
+        'fp8_e4m3'
+        >>> decide(p, "fc2.reduce", "forward", torch.zeros(511, dtype=torch.bfloat16)) is None
+        True
+    """
+    if policy is None or not eligible(policy, tensor, nbytes, ranks, compressible):
+        return None
+    if observe:
+        policy.observe(site, direction, tensor)
+    return policy.config_for(site, direction)

@@ -1,0 +1,142 @@
+"""A compressed collective's call: its validation, the path it takes (compressed or native), its
+signature and fingerprint, the rank agreement, and the one front half every public collective runs
+(`collective`).
+
+The rank-agreement exchange (a fingerprint all_gather whose result the host reads, `_pg.agree`)
+runs on the first call of each (group, signature) and is kept (`STATE.agreements`);
+check="always" runs it on every call. Limitation of keeping it: a rank that changes its signature
+alone after the first call is caught by the tags if the message sizes still match; if they do
+not, the process group sees mismatched collectives (use check="always" while debugging).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import ops
+from ..config import INPUT_DTYPES, CompressionConfig
+from ..env import check_mode, compress_single_rank
+from . import _driver, _errors, _pg, _plan, _steady
+from ._state import STATE
+
+#: Messages below this many bytes go through the native collective when the codec runs on a GPU.
+#: Not yet measured on GPUs (TACO's authors use 10 MiB); see docs/speed/index.md. On CPU tensors the codec is the
+#: torch reference (~14 MB/s per core measured, bench/collectives.py), slower than the link at
+#: every size for links >= 0.25 Gbit/s, so there the default is native unless min_bytes is given.
+DEFAULT_MIN_BYTES = 1 << 20
+#: Each pipeline slice of "auto" depth carries at least this many input bytes.
+AUTO_SLICE_BYTES = 8 << 20
+#: The most pipeline slices a call may ask for.
+MAX_PIPELINE = 16
+
+
+def default_config() -> CompressionConfig:
+    """The config of calls that pass None (made once)."""
+    if STATE.default_config is None:
+        STATE.default_config = CompressionConfig()
+    return STATE.default_config
+
+
+def fingerprint(signature: tuple) -> int:
+    """`_pg.fingerprint(signature)`, kept (`STATE.fingerprints`)."""
+    fp = STATE.fingerprints.get(signature)
+    if fp is None:
+        fp = _pg.fingerprint(signature)
+        STATE.fingerprints.put(signature, fp)
+    return fp
+
+
+def depth(nbytes: int, pipeline) -> int:
+    """The number of pipeline slices of a message of `nbytes` ("auto": one per `AUTO_SLICE_BYTES`,
+    at most half of `MAX_PIPELINE`); ValueError for anything but "auto" or an int in range."""
+    if pipeline == "auto":
+        return max(1, min(MAX_PIPELINE // 2, nbytes // AUTO_SLICE_BYTES))
+    if isinstance(pipeline, bool) or not isinstance(pipeline, int) or not 1 <= pipeline <= MAX_PIPELINE:
+        raise ValueError(f"pipeline must be 'auto' or an int in [1, {MAX_PIPELINE}], got {pipeline!r}")
+    return pipeline
+
+
+class Call:
+    """What one collective call decided before touching any byte: path, slices, fingerprint."""
+
+    def __init__(self, kind, tensors, group, config, op, min_bytes, pipeline, check, backend):
+        """tensors[0] is the one written (all_reduce's tensor, the others' output)."""
+        self.kind, self.group, self.op = kind, group, op
+        config = default_config() if config is None else config
+        if not isinstance(config, CompressionConfig):
+            raise TypeError(f"config must be a CompressionConfig or None, got {type(config).__name__}")
+        if op not in ("sum", "avg"):
+            raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"taco_triton.{kind} expects tensors, got {type(t).__name__}")
+        dtype = self.dtype = tensors[0].dtype
+        if any(st == 0 and n > 1 for st, n in zip(tensors[0].stride(), tensors[0].shape)):  # expand(): shared elements
+            raise ValueError(f"taco_triton.{kind}: the output tensor has overlapping elements (strides "
+                             f"{tensors[0].stride()} for shape {tuple(tensors[0].shape)}); pass a tensor that owns each element")
+        if op == "avg" and not (dtype.is_floating_point or dtype.is_complex):
+            raise ValueError(f"taco_triton.{kind}: op='avg' needs a floating dtype, got {dtype}")
+        if min_bytes is not None and (isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0):
+            raise ValueError(f"min_bytes must be None or an int >= 0, got {min_bytes!r}")
+        message = max(tensors, key=lambda t: t.numel())  # the whole buffer: comparable across collectives
+        nbytes = message.numel() * message.element_size()
+        self.backend = ops.resolve_backend(backend, message.device)
+        n_slices = depth(nbytes, pipeline)  # validates `pipeline` on every path
+        if min_bytes is None:
+            # the CPU reference codec is slower than any link we measured: native there
+            min_bytes = None if self.backend == "torch" else DEFAULT_MIN_BYTES
+        self.compress = (min_bytes is not None and config.enabled and dtype in INPUT_DTYPES and nbytes >= min_bytes)
+        self.config = config if self.compress else None
+        self.depth = n_slices if self.compress else None
+        self.p = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.signature = (kind, tuple(t.numel() for t in tensors), str(dtype), op, self.compress, self.config,
+                          self.depth, self.backend if self.compress else None)
+        self.fp = fingerprint(self.signature)
+        self.seq = next(STATE.calls)
+        # the group object itself: a default group re-created after destroy_process_group is a new
+        # one, whose agreements and plans (which hold P and the rank) start afresh
+        self.pg = _pg.group_object(group)
+        mode = check_mode(check)
+        if mode != "never" and self.p > 1:
+            key = (self.pg, self.signature)
+            if mode == "always" or not STATE.agreements.has(key):
+                _pg.agree(kind, self.signature, message.device, group)
+                STATE.agreements.put(key, None, self.pg)
+
+
+def member(group) -> bool:
+    """False on a rank outside `group` (torch.distributed's collectives are no-ops there)."""
+    return group is None or dist.get_rank(group) >= 0
+
+
+def _detached(tensors: tuple) -> tuple:
+    return tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in tensors)
+
+
+def collective(shape, tensors: tuple, group, config, op: str, async_op: bool, min_bytes, pipeline, backend, check):
+    """The front half of every public collective, then its issue: `shape` says which collective,
+    `tensors` are its (output, input) or all_reduce's (tensor,). A repeat goes straight to its
+    plan (`_steady`); otherwise the arguments are checked, the ranks agree, and the call runs
+    natively or on its plan (`_driver.run`). Returns the handle (async) or None."""
+    key, steady = _steady.lookup(shape.kind, group, config, op, min_bytes, pipeline, backend, check, tensors)
+    if steady is not None and steady.ready(check):
+        dst = tensors[0] if tensors[0].dim() == 1 else tensors[0].view(-1)  # contiguous (see _steady)
+        if shape.in_place:
+            return steady.issue(dst, dst, async_op)
+        src = tensors[1] if tensors[1].dim() == 1 else tensors[1].view(-1)
+        return steady.issue(src, dst, async_op)
+    if not member(group):
+        return None
+    tensors = _detached(tensors)  # invisible to autograd, as native
+    shape.check(tensors, group)
+    call = Call(shape.kind, tensors, group, config, op, min_bytes, pipeline, check, backend)
+    if not call.compress or (call.p == 1 and not compress_single_rank()):
+        return shape.native(tensors, group, op, call.p, async_op)
+    src, dst, copy_back = shape.flats(tensors)
+    plan = _plan.plan_for(call, shape, src, dst)
+    record = _driver.run(plan, src, dst, call.seq, group)
+    if copy_back is not None:
+        copy_back.copy_(dst.view_as(copy_back))
+    _steady.remember(key, call, plan, tensors, config)
+    return _errors.finish_call(plan, dst.device, async_op, record)

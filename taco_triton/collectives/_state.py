@@ -1,0 +1,111 @@
+"""Everything the collectives keep between calls, in one object (`STATE`), and its one eviction rule.
+
+Caches (each a `Cache`): what a call decided that later calls reuse.
+
+| cache | key | holds |
+|---|---|---|
+| `fingerprints` | signature | its 32-bit fingerprint (`_pg.fingerprint`) |
+| `agreements` | (group, signature) | nothing: every rank of the group agreed on it (the exchange ran, matched) |
+| `plans` | (group, signature, device) | its `Plan` (geometry, tables, prepared launches, buffers) |
+| `steady` | (kind, arguments, tensor metadata) | its `Steady` (what a repeat skips) |
+| `messages` | p2p (numel, dtype, config, device, backend) | the message's geometry and launches |
+
+The rule, the same for each: a cache holds at most `Cache.BOUND` entries per process group (an
+entry of no group, such as a fingerprint, counts in one share of its own), and adding to a full
+share forgets that share's oldest entry; the share of a group torch.distributed no longer knows
+(destroyed) is dropped when a new share is made. Forgetting costs a rebuild, never a result,
+with one care: whether a call runs the rank-agreement exchange depends on `agreements`, so every
+rank must forget the same agreement at the same call. The ranks of a group make the same calls
+on it in the same order whatever else each of them does, so counting per group makes each rank
+forget the same entries of that group at the same call (a count over all groups would follow
+each rank's traffic on its other groups).
+
+Not caches, so never forgotten: the call numbers (`calls`: they name a call in its errors and salt
+its stochastic seeds; `messages_sent`: the same for p2p), the error entries of calls whose records
+are not read yet (`unchecked`, in issue order; bounded by the calls in flight) and the errors not
+raised yet (`unreported`; dropping one would lose it). The p2p handshake's state is the
+handshake's (`_handshake`). A plan's wire buffers are kept per calling thread and stream by the
+same rule in a `Cache` of the plan (`Plan.buffers`).
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch.distributed as dist
+
+
+class Cache:
+    """A bounded map with the collectives' eviction rule (see the module docstring): at most
+    `bound` entries per share (a process group, or None for entries of no group); `put` to a full
+    share forgets its oldest entry. `get` and `has` are the map's own (no Python call in between:
+    the steady state looks up on every call)."""
+
+    BOUND = 1024
+
+    def __init__(self, bound: int = BOUND):
+        self.bound = bound
+        self._map: dict = {}
+        self._shares: dict = {}  # share -> {key: None}, oldest first
+        self._registered: set = set()  # shares whose group torch.distributed knew when they were made
+        self.get = self._map.get
+        self.has = self._map.__contains__
+
+    def put(self, key, value, share=None) -> None:
+        """Keep `value` under `key`, counted in `share` (the key's process group, or None)."""
+        if key in self._map:
+            self._map[key] = value
+            return
+        keys = self._shares.get(share)
+        if keys is None:
+            if share in self._drop_destroyed():
+                self._registered.add(share)
+            keys = self._shares[share] = {}
+        if len(keys) >= self.bound:
+            oldest = next(iter(keys))
+            del keys[oldest]
+            del self._map[oldest]
+        keys[key] = None
+        self._map[key] = value
+
+    def _drop_destroyed(self):
+        """Forget the shares of groups torch.distributed knew and no longer does (destroyed);
+        returns the groups it knows now."""
+        known = dist.distributed_c10d._world.pg_map if dist.is_available() else {}
+        for share in [s for s in self._registered if s not in known]:
+            self._registered.discard(share)
+            for key in self._shares.pop(share):
+                del self._map[key]
+        return known
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def items(self):
+        return self._map.items()
+
+    def values(self):
+        return self._map.values()
+
+    def clear(self) -> None:
+        self._map.clear()
+        self._shares.clear()
+        self._registered.clear()
+
+
+class State:
+    """The collectives' state between calls (one instance, `STATE`; see the module docstring)."""
+
+    def __init__(self):
+        self.calls = itertools.count()          # call numbers of the collectives
+        self.messages_sent = itertools.count()  # message numbers of p2p (salt stochastic rounding)
+        self.default_config = None              # made on first use (`_call.default_config`)
+        self.fingerprints = Cache()
+        self.agreements = Cache()
+        self.plans = Cache()
+        self.steady = Cache()
+        self.messages = Cache()
+        self.unchecked: list = []   # `_errors.Watched` of calls whose error records are not read yet
+        self.unreported: list = []  # those whose record held an error not raised yet
+
+
+STATE = State()

@@ -1,0 +1,188 @@
+"""The Work types of the collectives, p2p and the integrations: what their async calls return.
+
+- `Pending`: work whose `wait()` finishes it once, on this rank: an async compressed collective
+  (ordering the waiting stream after it), a p2p or process-group receive (decoding the wire buffer
+  into the caller's tensor), a p2p send a handshake decides, megatron's pipeline receives. A
+  failure is kept: that `wait()` and every later one raise it. `PendingWork` is the same as a
+  ``torch.distributed.Work``, for a process group to return (a plain class is what the
+  collectives return: making a Work object costs about three times as much host time).
+- `WaitAll`: several Works as one (a coalesced process-group call, megatron's coalescing manager).
+- `Counted`: a Work whose `wait()` also counts the bytes handed to the process group while it
+  finishes (megatron's per-site counters).
+- `completed` / `all_of`: a finished Work from a result; one Work for a list of them.
+
+`PendingWork`, `WaitAll` and `completed`'s are ``torch.distributed.Work`` objects, so a process
+group may return them and torch's own callers can wait on them; `Counted` forwards to the Work
+it wraps.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from ._pg import WireStats
+
+_C10D = torch._C._distributed_c10d
+
+
+class Pending:
+    """Handle of an async operation; like torch.distributed's Work.
+
+    For a compressed collective: everything that enters the process group was issued when the
+    collective was called, so waiting on handles in any order, or never before the next
+    collective, changes nothing. `wait()` finishes what is left on this rank: on the native path
+    the process group's work and the copy back into a non-contiguous tensor; on CUDA it makes the
+    current stream wait for the collective (no host sync).
+
+    Errors belong to their call: `wait()` raises this call's tag mismatch (see
+    `taco_triton.check_errors`), never another call's, and no other call raises this one's. A
+    handle that failed stays failed: every later `wait()` raises the same error and
+    `is_completed()` stays False.
+
+    Args:
+        finish: what `wait()` runs, once; it may return the call's error record (`_errors.Watched`)
+            when it is made only then (a receive's decode).
+        entry: the call's error record, when the call made one at issue (the Triton path).
+    """
+
+    def __init__(self, finish: Callable[[], object], entry=None):
+        self._finish = finish
+        self._entry = entry
+        self._done = False
+        self._error: BaseException | None = None
+
+    def wait(self, timeout=None) -> bool:
+        """Finish the operation; True once its result is in place.
+
+        Args:
+            timeout: accepted for Work compatibility; the process group's own timeout bounds
+                communication.
+
+        Returns:
+            True.
+
+        Raises:
+            ValueError: this call's tags did not match (its outputs are NaN), a p2p handshake
+                found the other end disagrees, or a receive's tag did not match.
+            RuntimeError: what finishing raised (a process-group error), at this and every later
+                wait().
+        """
+        if self._error is not None:
+            raise self._error
+        if not self._done:
+            try:
+                entry = self._finish()
+            except BaseException as e:
+                self._error = e
+                raise
+            if entry is not None:
+                self._entry = entry
+            self._done = True
+        if self._entry is not None and self._entry.own_error() is not None:
+            self._error, self._done = self._entry.error, False
+            self._entry.report()
+        return True
+
+    def is_completed(self) -> bool:
+        """True once `wait()` has returned successfully."""
+        return self._done
+
+    def is_success(self) -> bool:
+        """As `is_completed` (torch's older Work API)."""
+        return self._done
+
+    def exception(self) -> BaseException | None:
+        """The error this handle failed with, or None."""
+        return self._error
+
+
+class PendingWork(Pending, dist.Work):
+    """A `Pending` that is a ``torch.distributed.Work`` (what a process group's methods return)."""
+
+    def __init__(self, finish: Callable[[], object], entry=None):
+        dist.Work.__init__(self)
+        Pending.__init__(self, finish, entry)
+
+
+class WaitAll(dist.Work):
+    """One Work for several: `wait()` waits for each in order. `works` may grow until then (the
+    Works issued inside a coalescing block); `result` is what `get_future()` completes with."""
+
+    def __init__(self, works: list | None = None, result=None):
+        super().__init__()
+        self.works = [] if works is None else works
+        self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        for w in self.works:
+            w.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+    def get_future(self):
+        try:
+            futures = [w.get_future() for w in self.works]
+        except RuntimeError:  # some Works have no future (gloo's reduce_scatter, send, ...): wait now
+            self.wait()
+            fut = torch.futures.Future()
+            fut.set_result(self._result)
+            return fut
+        return torch.futures.collect_all(futures).then(lambda _: self._result)
+
+
+class Counted:
+    """`work`, whose `wait()` also adds the bytes this rank hands to the process group while
+    finishing it (`WireStats`) to `stats.wire_bytes`; everything else is `work`'s own."""
+
+    def __init__(self, work, stats):
+        self._work, self._stats = work, stats
+
+    def wait(self, timeout=None):
+        with WireStats() as ws:
+            out = self._work.wait()
+        self._stats.wire_bytes += ws.wire_bytes
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self._work, name)
+
+
+def completed(result, device: torch.device):
+    """A completed Work whose future holds `result` (on CUDA: with the current stream's events).
+
+    Args:
+        result: what the future completes with (None: nothing to order on CUDA).
+        device: the device of the call's tensors.
+
+    Returns:
+        A ``torch.distributed.Work`` that is already complete.
+    """
+    if device.type == "cuda" and result is not None:
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        fut = torch.futures.Future(devices=[device])
+    else:  # CPU work is done; a coalescing block's end has no tensors to order
+        fut = torch.futures.Future()
+    fut.set_result(result)
+    return _C10D._create_work_from_future(fut)
+
+
+def all_of(works: list, result, device: torch.device):
+    """One Work that completes when every Work in `works` (None: already done) has.
+
+    Args:
+        works: the parts' Works.
+        result: what the combined future completes with.
+        device: the device of the call's tensors.
+
+    Returns:
+        A `WaitAll`, or a completed Work when no part is pending.
+    """
+    works = [w for w in works if w is not None]
+    if not works:
+        return completed(result, device)
+    return WaitAll(works, result)
