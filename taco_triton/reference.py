@@ -1,5 +1,9 @@
 """Pure-torch reference of every stage of the codec: the test oracle and the CPU backend.
 
+(Longer than the project's ~500 lines per module: the stages, the CPU backend's faster routes through
+them and the bit-level conventions they share with the kernels stay in one file, so the oracle reads
+in pipeline order beside what it checks.)
+
 Each stage is a function of its own, in pipeline order:
 
 1. `to_groups`       flatten and cut into groups of G (the last group zero-padded here; the
