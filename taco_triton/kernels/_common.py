@@ -1,5 +1,9 @@
 """@triton.jit helpers shared by the fused kernels; each mirrors a function in `reference.py`.
 
+(Longer than the project's ~500 lines per module: the helpers call each other (the encoders, the
+packing, the transform's dot forms), and Triton resolves a jitted callee through the caller's
+module globals, so one module keeps every kernel's view of them the same.)
+
 The numeric constants of a codec (largest code, mantissa bits, smallest normal exponent) live in
 one place, `taco_triton.config.CODEC_SPECS`; the launchers pass them in as constexprs
 (`codec_constexprs` to every kernel, `encoder_constexprs` to those that encode). Below, the ids that select code paths at compile time have names.
