@@ -155,16 +155,21 @@ def foreign_base_member(cls: type, name: str) -> bool:
     return any(name in vars(base) for base in cls.__mro__[1:] if not is_ours(base) and base is not object)
 
 
-def class_members(cls: type) -> dict[str, object]:
-    """The public methods and properties a class defines itself (what the reference shows under it)."""
+def class_members(cls: type, inherited=()) -> dict[str, object]:
+    """The public methods and properties a class defines itself or inherits from a class of ours
+    (a private base); with `inherited` given, the inherited ones only where named there (what
+    mkdocstrings' `inherited_members` option shows)."""
     out = {}
-    for n, v in vars(cls).items():
-        if n.startswith("_") or foreign_base_member(cls, n):
-            continue
-        if isinstance(v, (staticmethod, classmethod)):
-            v = v.__func__
-        if isinstance(v, (property, types.FunctionType)):
-            out[n] = v
+    for owner in reversed([c for c in cls.__mro__ if is_ours(c)]):
+        for n, v in vars(owner).items():
+            if n.startswith("_") or foreign_base_member(cls, n):
+                continue
+            if owner is not cls and inherited is not None and inherited is not True and n not in inherited:
+                continue
+            if isinstance(v, (staticmethod, classmethod)):
+                v = v.__func__
+            if isinstance(v, (property, types.FunctionType)):
+                out[n] = v
     return out
 
 
@@ -181,7 +186,7 @@ def public_api() -> dict[tuple, tuple[str, object]]:
                 continue
             out.setdefault(key(module, name, obj), (f"{module}.{name}", obj))
             if isinstance(obj, type) and is_ours(obj):
-                for m, v in class_members(obj).items():
+                for m, v in class_members(obj, inherited=None).items():
                     out.setdefault(("member", id(obj), m), (f"{module}.{name}.{m}", v))
     return out
 
@@ -215,15 +220,19 @@ def has_docstring(obj) -> bool:
     return bool(own_doc(obj))
 
 
-def rendered_members(module: str) -> list[tuple[str, str, object]]:
-    """(module, name, object) of the members a module directive shows: its `__all__`, or what it defines
-    itself; only those with a docstring (mkdocstrings leaves the others out)."""
+def rendered_members(module: str, excluded=None) -> list[tuple[str, str, object]]:
+    """(module, name, object) of the members a module directive shows, only those with a docstring
+    (mkdocstrings leaves the others out). mkdocs.yml's `filters: public`: its `__all__`, or what it
+    defines itself. A page's own `filters` list (`excluded`: its "!" patterns): what it defines
+    itself and its `__all__`, less the names the patterns match."""
     mod, out = importlib.import_module(module), []
-    if hasattr(mod, "__all__"):
-        names = mod.__all__
+    own = [n for n, v in vars(mod).items() if not isinstance(v, types.ModuleType) and (
+        getattr(v, "__module__", None) == module if callable(v) else n in assignments(module))]
+    if excluded is None:
+        names = list(mod.__all__) if hasattr(mod, "__all__") else own
     else:
-        names = [n for n, v in vars(mod).items() if not isinstance(v, types.ModuleType) and (
-            getattr(v, "__module__", None) == module if callable(v) else n in assignments(module))]
+        names = [n for n in dict.fromkeys([*own, *getattr(mod, "__all__", [])])
+                 if not any(re.search(pat, n) for pat in excluded)]
     docs = assignments(module)
     for n in names:
         if n.startswith("_"):
@@ -250,19 +259,25 @@ def rendered() -> dict[tuple, str]:
     for page, ident, options in directives():
         module, name, obj = resolve(ident)
         where = f"{page}: {ident}"
+        inh = re.search(r"^\s*inherited_members:\s*(.*)", options, re.M)
+        inherited = () if not inh else True if inh.group(1).strip() == "true" else {
+            s.strip() for s in inh.group(1).strip("[] ").split(",")}
         if isinstance(obj, types.ModuleType):
             add(key("", "", obj), where)
-            listed = re.search(r"members:\s*(.*)", options)
+            listed = re.search(r"^\s*members:\s*(.*)", options, re.M)
             if listed and listed.group(1).strip() == "false":
                 continue
-            members = rendered_members(obj.__name__)
+            filters = re.search(r"^\s*filters:\s*\[(.*)\]", options, re.M)
+            excluded = None if not filters else [
+                f.strip().strip("'\"")[1:] for f in filters.group(1).split(",") if f.strip().strip("'\"").startswith("!")]
+            members = rendered_members(obj.__name__, excluded)
             if listed and listed.group(1).strip().startswith("["):
                 wanted = {s.strip() for s in listed.group(1).strip("[] ").split(",")}
                 members = [m for m in members if m[1] in wanted]
             for mod, n, o in members:
                 add(key(mod, n, o), f"{where}.{n}")
                 if isinstance(o, type) and is_ours(o):
-                    for m in class_members(o):
+                    for m in class_members(o, inherited):
                         add(("member", id(o), m), f"{where}.{n}.{m}")
         elif module is None:  # a class member named directly
             owner = resolve(ident.rpartition(".")[0])[2]
@@ -270,7 +285,7 @@ def rendered() -> dict[tuple, str]:
         else:
             add(key(module, name, obj), where)
             if isinstance(obj, type) and is_ours(obj):
-                for m in class_members(obj):
+                for m in class_members(obj, inherited):
                     add(("member", id(obj), m), f"{where}.{m}")
     return out
 
