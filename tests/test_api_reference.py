@@ -216,10 +216,6 @@ def resolve(identifier: str):
     raise ValueError(identifier)
 
 
-def has_docstring(obj) -> bool:
-    return bool(own_doc(obj))
-
-
 def rendered_members(module: str, excluded=None) -> list[tuple[str, str, object]]:
     """(module, name, object) of the members a module directive shows, only those with a docstring
     (mkdocstrings leaves the others out). mkdocs.yml's `filters: public`: its `__all__`, or what it
@@ -233,18 +229,16 @@ def rendered_members(module: str, excluded=None) -> list[tuple[str, str, object]
     else:
         names = [n for n in dict.fromkeys([*own, *getattr(mod, "__all__", [])])
                  if not any(re.search(pat, n) for pat in excluded)]
-    docs = assignments(module)
     for n in names:
         if n.startswith("_"):
             continue
         obj = getattr(mod, n)
-        shown = docs.get(n, False) if not callable(obj) else has_docstring(obj)
-        if isinstance(obj, types.ModuleType) or shown or (n in docs and not callable(obj) and docs[n]):
+        if isinstance(obj, types.ModuleType) or callable(obj):
+            shown = isinstance(obj, types.ModuleType) or bool(own_doc(obj))
+        else:  # a constant, perhaps re-exported: shown with the docstring where it is assigned
+            shown = assignments(home_of_constant(module, n)[0]).get(home_of_constant(module, n)[1], False)
+        if shown:
             out.append((module, n, obj))
-        elif not callable(obj) and n not in docs:  # a re-exported constant: shown with its home's docstring
-            home = home_of_constant(module, n)
-            if assignments(home[0]).get(home[1], False):
-                out.append((module, n, obj))
     return out
 
 
@@ -277,16 +271,18 @@ def rendered() -> dict[tuple, str]:
             for mod, n, o in members:
                 add(key(mod, n, o), f"{where}.{n}")
                 if isinstance(o, type) and is_ours(o):
-                    for m in class_members(o, inherited):
-                        add(("member", id(o), m), f"{where}.{n}.{m}")
+                    for m, v in class_members(o, inherited).items():
+                        if own_doc(v):
+                            add(("member", id(o), m), f"{where}.{n}.{m}")
         elif module is None:  # a class member named directly
             owner = resolve(ident.rpartition(".")[0])[2]
             add(("member", id(owner), name), where)
         else:
             add(key(module, name, obj), where)
             if isinstance(obj, type) and is_ours(obj):
-                for m in class_members(obj, inherited):
-                    add(("member", id(obj), m), f"{where}.{m}")
+                for m, v in class_members(obj, inherited).items():
+                    if own_doc(v):
+                        add(("member", id(obj), m), f"{where}.{m}")
     return out
 
 
