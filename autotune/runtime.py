@@ -47,6 +47,7 @@ from taco_triton.kernels import _launch
 from . import cache, meta, registry, space
 
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
+"""The shipped tuned files, one per GPU (`shipped_path`)."""
 
 # (kernel, device, dtype, config, bucket) -> choice or None.
 _MEMO: dict[tuple, dict | None] = {}
@@ -74,7 +75,14 @@ def reset() -> None:
 
 
 def shipped_path(device_name: str) -> Path:
-    """The shipped tuned file for a device name (it may not exist)."""
+    """The shipped tuned file for a device name.
+
+    Args:
+        device_name: the GPU's name (`torch.cuda.get_device_name`), normalised into the file name.
+
+    Returns:
+        The path under `TUNED_DIR` (it may not exist).
+    """
     return TUNED_DIR / f"{cache.normalise_gpu_name(device_name)}.json"
 
 
@@ -85,7 +93,16 @@ def _entries(path: str) -> dict:
 
 
 def cached_choice(key: cache.Key, user_path: str) -> tuple[dict | None, str]:
-    """(config, where from) of `key` in the shipped file, then the user's cache; (None, "") on a miss."""
+    """Look `key` up in the shipped file, then in the user's cache.
+
+    Args:
+        key: the launch's cache key (kernel, device, dtype, config, size bucket, Triton version).
+        user_path: the user's cache file.
+
+    Returns:
+        (config, where from): the stored launch parameters and "shipped <path>" or
+        "user cache <path>"; (None, "") on a miss.
+    """
     name = str(key)
     for label, path in (("shipped", str(shipped_path(key.device))), ("user cache", user_path)):
         entry = _entries(path).get(name)
@@ -99,7 +116,14 @@ def cached_choice(key: cache.Key, user_path: str) -> tuple[dict | None, str]:
 
 @contextlib.contextmanager
 def tuning_group(group):
-    """Agree on online-tuned configs within `group` (a torch.distributed process group) here."""
+    """Agree on online-tuned configs within `group` inside this `with` block.
+
+    Args:
+        group: a torch.distributed process group (e.g. the TP group); None is the world.
+
+    Yields:
+        Nothing; the group applies until the block ends.
+    """
     token = _GROUP.set(group)
     try:
         yield
@@ -120,7 +144,14 @@ def _dist_group():
 
 
 def is_group_leader(group=None) -> bool:
-    """True on rank 0 of `group` (or when torch.distributed is not running)."""
+    """Whether this rank looks a key up for its group.
+
+    Args:
+        group: a torch.distributed process group; None is the world.
+
+    Returns:
+        True on rank 0 of `group`, and when torch.distributed is not running.
+    """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -134,6 +165,13 @@ def broadcast_choice(choice: dict | None, group=None) -> dict | None:
     A collective: every rank of the group must call it. Outside torch.distributed it returns
     `choice` unchanged. Uses `dist.broadcast_object_list`, so it works on gloo and NCCL alike
     (on NCCL the object travels through the current CUDA device).
+
+    Args:
+        choice: this rank's config dict, or None (rank 0's is the one kept).
+        group: a torch.distributed process group; None is the world.
+
+    Returns:
+        Rank 0's choice.
     """
     import torch.distributed as dist
 
@@ -166,6 +204,18 @@ def tune(
 
     None (the heuristic) under the interpreter or off-GPU, where the space collapses to the
     heuristic, and when nothing could be timed (each failure is one warning, never an error).
+
+    Args:
+        kernel: the kernel's name in the registry ("compress", "decompress", ...).
+        device: the device the launch runs on.
+        dtype: the input dtype.
+        config: the compression config.
+        numel: elements of the problem timed.
+        key: the cache key the winner is stored under.
+        user_path: the user's cache file.
+
+    Returns:
+        The winner's {"num_warps", "num_stages"}, or None.
     """
     if not _tuning_target(device):
         return None
@@ -207,7 +257,18 @@ def tune(
 def lookup(
     kernel: str, device: torch.device, dtype: torch.dtype, config: CompressionConfig, numel: int
 ) -> dict | None:
-    """Tuned {"num_warps", "num_stages"} for this launch, or None for the heuristic (see module doc)."""
+    """The tuned launch parameters of one launch (see the module docstring for the modes).
+
+    Args:
+        kernel: the kernel's name ("compress", "decompress", ...).
+        device: the device the launch runs on.
+        dtype: the input dtype.
+        config: the compression config.
+        numel: elements of the launch (looked up by size bucket).
+
+    Returns:
+        {"num_warps", "num_stages"}, or None for the heuristic.
+    """
     # Hot path (every launch): one dict lookup, ~2 us on a 2-core CPU.
     if _SWITCHES["off"]:
         return None

@@ -22,6 +22,9 @@ from taco_triton import env
 from . import cache, meta
 from .runtime import TUNED_DIR
 
+# The command line and `show` (one file's table) are the public interface.
+__all__ = ["main", "show"]
+
 COLUMNS = [
     "kernel", "device", "cc", "triton", "torch", "dtype", "codec", "G", "hadamard", "scales", "rounding",
     "numel_bucket", "num_warps", "num_stages", "median_ms", "source", "date",
@@ -49,7 +52,16 @@ def rows_of(entries: dict) -> list[dict]:
 
 
 def show(path: str, out=None, missing_ok: bool = False) -> bool:
-    """Print one file's table; False when it is unusable for every version, or missing unless `missing_ok`."""
+    """Print one cache file's table.
+
+    Args:
+        path: the cache file.
+        out: where to print (default: stdout).
+        missing_ok: report a missing file as "nothing tuned yet" (the user's default cache).
+
+    Returns:
+        False when the file is unusable for every version, or missing unless `missing_ok`.
+    """
     out = out or sys.stdout
     running = meta.triton_version()
     entries, problem = cache.read(path, running)
@@ -78,6 +90,15 @@ def show(path: str, out=None, missing_ok: bool = False) -> bool:
 
 
 def main(argv=None) -> int:
+    """Print the tables: `python -m autotune.show --help` lists the options.
+
+    Args:
+        argv: the command-line arguments (default: `sys.argv[1:]`).
+
+    Returns:
+        The exit status: 0, or 1 when a file named with --cache is missing or a listed file is
+        unusable.
+    """
     p = argparse.ArgumentParser(prog="python -m autotune.show", description=__doc__.split("\n\n")[0])
     p.add_argument("--cache", action="append", default=None, metavar="PATH",
                    help="cache file to list (repeatable; a missing one is an error). Default: the user's cache, "

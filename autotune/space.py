@@ -42,27 +42,53 @@ from taco_triton.kernels import _launch  # imports no Triton code
 from . import registry
 
 WARPS = (1, 2, 4, 8, 16)
+"""The num_warps values of the space."""
 STAGES = (1, 2, 3, 4)
-VECTOR_BYTES = 16  # widest global load/store per thread on NVIDIA GPUs (ld.global.v4.b32)
-MAX_REGISTERS_PER_THREAD = 255  # hardware limit on every NVIDIA GPU since Kepler
+"""The num_stages values of the space."""
+VECTOR_BYTES = 16
+"""Widest global load/store per thread on NVIDIA GPUs (ld.global.v4.b32), rule 2."""
+MAX_REGISTERS_PER_THREAD = 255
+"""Hardware limit on every NVIDIA GPU since Kepler, rule 3."""
 THREADS_PER_WARP = 32
+"""Threads of a warp on NVIDIA GPUs."""
 
 
 def heuristic(kernel: str, config: CompressionConfig) -> dict:
     """The default the kernels use without a tuned config (taco_triton.kernels._launch.heuristic),
-    for the GPU family this torch build drives (a ROCm build: AMD's)."""
+    for the GPU family this torch build drives (a ROCm build: AMD's).
+
+    Args:
+        kernel: the kernel's name ("compress", "decompress", ...).
+        config: the compression config.
+
+    Returns:
+        {"num_warps", "num_stages"}.
+    """
     return _launch.heuristic(kernel, config, "hip" if torch.version.hip is not None else "cuda")
 
 
 def full_space() -> list[dict]:
-    """All 20 configs, fewest warps and stages first."""
+    """The whole space.
+
+    Returns:
+        All 20 configs ({"num_warps", "num_stages"}), fewest warps and stages first.
+    """
     return [{"num_warps": w, "num_stages": s} for w, s in itertools.product(WARPS, STAGES)]
 
 
 def estimated_registers(config: CompressionConfig, num_warps: int, tile_elems: int = SUPERBLOCK_ELEMS) -> int:
     """Rule 3's estimate of 32-bit registers per thread at the kernel's peak: the FP32 tile twice
     (the transform's input and its accumulator). The Hadamard table is a tensor-core operand kept
-    in shared memory, so it takes no registers (bench/aot.py measures 128 at 4 warps for G=128)."""
+    in shared memory, so it takes no registers (bench/aot.py measures 128 at 4 warps for G=128).
+
+    Args:
+        config: the compression config (the estimate does not depend on it today).
+        num_warps: warps sharing the tile.
+        tile_elems: elements of the tile.
+
+    Returns:
+        Estimated 32-bit registers per thread.
+    """
     live = 2 * tile_elems
     threads = num_warps * THREADS_PER_WARP
     return -(-live // threads)
@@ -76,7 +102,18 @@ def prune_reason(
     pipelined: bool = False,
     tile_elems: int = SUPERBLOCK_ELEMS,
 ) -> str | None:
-    """Why `params` is pruned for this problem (None: keep it). See the module docstring."""
+    """Why `params` is pruned for this problem. See the module docstring.
+
+    Args:
+        params: {"num_warps", "num_stages"}.
+        config: the compression config.
+        dtype: the input dtype (rule 2's vector width).
+        pipelined: whether the kernel loops, so that stages can pay off (rule 1).
+        tile_elems: elements of the kernel's tile.
+
+    Returns:
+        The rule that removes `params`, in words, or None to keep it.
+    """
     w, s = params["num_warps"], params["num_stages"]
     if s > 1 and not pipelined:
         return "num_stages > 1: the kernel has no loop for the pipeliner to stage"
@@ -104,8 +141,13 @@ def candidates(
 
     Args:
         kernel: a name registered in `autotune.registry.KERNELS`.
+        config: the compression config.
+        dtype: the input dtype.
         interpreter: True under TRITON_INTERPRET=1, where the space collapses to the heuristic.
         prune: apply the rules of the module docstring (False: the full 20-config space).
+
+    Returns:
+        {"num_warps", "num_stages"} dicts, the heuristic first.
     """
     ks = registry.spec(kernel, need_builder=False)
     first = heuristic(kernel, config)
@@ -121,7 +163,17 @@ def candidates(
 
 
 def parse_configs(text: str) -> list[dict]:
-    """Parse "4:1,8:1" (num_warps:num_stages pairs) into configs, checked against the full space."""
+    """Parse "4:1,8:1" (num_warps:num_stages pairs) into configs, checked against the full space.
+
+    Args:
+        text: comma-separated num_warps:num_stages pairs.
+
+    Returns:
+        {"num_warps", "num_stages"} dicts, in the order given.
+
+    Raises:
+        ValueError: a pair that is not two integers, one outside the space, or no pair at all.
+    """
     out = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         try:

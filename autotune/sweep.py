@@ -40,6 +40,9 @@ from taco_triton.config import CODECS, GROUP_SIZES, ROUNDINGS, SCALE_MODES, Comp
 
 from . import cache, meta, registry, space
 
+# The command line is the public interface; the rest of this module is its implementation.
+__all__ = ["main"]
+
 COLUMNS = [
     "kernel", "num_warps", "num_stages", "shape", "numel", "dtype", "codec", "group_size", "hadamard",
     "median_ms", "p20_ms", "p80_ms", "logical_gbps", "device", "torch_version", "triton_version", "git_commit",
@@ -191,6 +194,15 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def main(argv=None) -> int:
+    """Run the sweep: `python -m autotune.sweep --help` lists the options.
+
+    Args:
+        argv: the command-line arguments (default: `sys.argv[1:]`).
+
+    Returns:
+        The exit status (module docstring): 0, 1 when nothing was timed or looked up, 2 for bad
+        arguments or an unusable device, cache or CSV path.
+    """
     args = parse_args(argv)
     for k in args.kernels:
         try:

@@ -35,16 +35,17 @@ from .compressed import Compressed
 from .layout import WireLayout
 
 U32 = 2.0**-24
-#: Unit roundoff of the transform's dot products. Interpreter: IEEE FP32. GPUs: 16-bit operands
-#: (bf16/fp16 inputs, decoded codes) times the +-2^k table are exact products accumulated in FP32;
-#: FP32 operands are split into three bf16 pieces on NVIDIA (exact products, 3G FP32 additions:
-#: gamma_3G(2^-23) < gamma_G(2^-21) even for tensor cores that truncate) and use FP32 matrix
-#: instructions on AMD. 2^-21 bounds every case (it also covers three TF32 passes, 2^-22).
+"""Unit roundoff of FP32 (round to nearest): the relative error of one FP32 rounding."""
 U_DOT = {"interpreter": 2.0**-24, "gpu": 2.0**-21}
-#: Absolute error per transformed element besides the relative one: products in FP32's subnormal
-#: range (2^-140), and on GPUs the bf16 split's lowest piece, rounded where it falls below bf16's
-#: subnormal spacing (|x| < 2^-110: at most 2^-134 per input, G inputs times the table's 1/(2G)).
+"""Unit roundoff of the transform's dot products. Interpreter: IEEE FP32. GPUs: 16-bit operands
+(bf16/fp16 inputs, decoded codes) times the +-2^k table are exact products accumulated in FP32;
+FP32 operands are split into three bf16 pieces on NVIDIA (exact products, 3G FP32 additions:
+gamma_3G(2^-23) < gamma_G(2^-21) even for tensor cores that truncate) and use FP32 matrix
+instructions on AMD. 2^-21 bounds every case (it also covers three TF32 passes, 2^-22)."""
 TINY = {"interpreter": 2.0**-140, "gpu": 2.0**-140 + 2.0**-135}
+"""Absolute error per transformed element besides the relative one: products in FP32's subnormal
+range (2^-140), and on GPUs the bf16 split's lowest piece, rounded where it falls below bf16's
+subnormal spacing (|x| < 2^-110: at most 2^-134 per input, G inputs times the table's 1/(2G))."""
 
 
 def _tiny(u_dot: float) -> float:
@@ -62,7 +63,14 @@ def _parts(c: Compressed):
 
 
 def group_sigma(c: Compressed) -> torch.Tensor:
-    """The FP32 group scales compression used, float64 [n_groups] (NaN for non-finite groups)."""
+    """The FP32 group scales compression used.
+
+    Args:
+        c: a compressed tensor.
+
+    Returns:
+        float64 [n_groups] (NaN for non-finite groups).
+    """
     layout, _, a, b = _parts(c)
     if c.config.scales == "dual":
         sb = a.float().repeat_interleave(layout.groups_per_superblock)[: layout.n_groups]
@@ -71,12 +79,29 @@ def group_sigma(c: Compressed) -> torch.Tensor:
 
 
 def superblock_scale_per_group(c: Compressed) -> torch.Tensor:
+    """The super-block scale of each group's super-block ("dual" scales).
+
+    Args:
+        c: a compressed tensor with "dual" scales.
+
+    Returns:
+        float64 [n_groups]: each group's FP32 super-block scale.
+    """
     layout, _, a, _ = _parts(c)
     return a.repeat_interleave(layout.groups_per_superblock)[: layout.n_groups]
 
 
 def exact_transform(x: torch.Tensor, c: Compressed):
-    """(y, groups): exact transformed values and the (pre-scaled) groups they came from, float64 [n_groups, G]."""
+    """The exact transform of `x` as `c`'s config computes it, in float64.
+
+    Args:
+        x: the tensor `c` was compressed from.
+        c: its compressed form (its config and, for "taco_fp32x2", its pre-scales).
+
+    Returns:
+        (y, groups): exact transformed values and the (pre-scaled) groups they came from,
+        float64 [n_groups, G].
+    """
     cfg = c.config
     g = cfg.group_size
     _, _, a, _ = _parts(c)
@@ -88,9 +113,16 @@ def exact_transform(x: torch.Tensor, c: Compressed):
 
 
 def transformed_error_bound(x: torch.Tensor, c: Compressed, u_dot: float = U_DOT["interpreter"]):
-    """(y, y', B): exact y, decoded y' and the elementwise bound B, all float64 [n_groups, G].
+    """The elementwise error bound in the transformed domain (the module docstring's B).
 
-    Rows of non-finite groups are NaN in y' and B.
+    Args:
+        x: the tensor `c` was compressed from.
+        c: its compressed form.
+        u_dot: unit roundoff of the transform's dot products (`U_DOT`).
+
+    Returns:
+        (y, y', B): exact y, decoded y' and the elementwise bound B, all float64 [n_groups, G].
+        Rows of non-finite groups are NaN in y' and B.
     """
     cfg, spec = c.config, c.config.spec
     g = cfg.group_size
@@ -113,7 +145,16 @@ def transformed_error_bound(x: torch.Tensor, c: Compressed, u_dot: float = U_DOT
 
 
 def scale_bounds(x: torch.Tensor, c: Compressed, u_dot: float = U_DOT["interpreter"]):
-    """(sigma, lower, upper), float64 [n_groups]: the group scales and the range the format allows."""
+    """The group scales compression chose and the range the format allows them.
+
+    Args:
+        x: the tensor `c` was compressed from.
+        c: its compressed form.
+        u_dot: unit roundoff of the transform's dot products (`U_DOT`).
+
+    Returns:
+        (sigma, lower, upper), float64 [n_groups].
+    """
     cfg, spec = c.config, c.config.spec
     y, groups = exact_transform(x, c)
     if cfg.hadamard:
@@ -132,7 +173,17 @@ def scale_bounds(x: torch.Tensor, c: Compressed, u_dot: float = U_DOT["interpret
 
 
 def l2_error_bound(x: torch.Tensor, c: Compressed, out_dtype: torch.dtype, u_dot: float = U_DOT["interpreter"]) -> float:
-    """Bound on ||decompress(c) - x||_2 over the finite groups."""
+    """Bound on ||decompress(c) - x||_2 over the finite groups.
+
+    Args:
+        x: the tensor `c` was compressed from.
+        c: its compressed form.
+        out_dtype: the dtype decompress writes (its rounding is part of the bound).
+        u_dot: unit roundoff of the transform's dot products (`U_DOT`).
+
+    Returns:
+        The bound, a float.
+    """
     cfg = c.config
     g = cfg.group_size
     _, y_dec, bound = transformed_error_bound(x, c, u_dot)

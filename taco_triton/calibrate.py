@@ -32,15 +32,18 @@ import torch
 
 from .config import CODECS, GROUP_SIZES, SUPERBLOCK_ELEMS, CompressionConfig
 
-#: One-sided normal quantile of the held-out bound (a tensor like the samples exceeds it with
-#: probability about 0.13% when the spreads are normal).
+# The public names; measure, merge and choose are the steps `CompressionPolicy` runs across ranks.
+__all__ = ["HELD_OUT_Z", "PIECE_ELEMS", "TABLE_COLUMNS", "CalibrationResult", "calibrate", "default_candidates"]
+
 HELD_OUT_Z = 3.0
-#: Elements per piece of the within-sample spread: the largest group size, so every group (and
-#: its Hadamard block) lies in one piece.
+"""One-sided normal quantile of the held-out bound (a tensor like the samples exceeds it with
+probability about 0.13% when the spreads are normal)."""
 PIECE_ELEMS = max(GROUP_SIZES)
-#: Columns of the public table (`CalibrationResult.table`), in order.
+"""Elements per piece of the within-sample spread: the largest group size, so every group (and
+its Hadamard block) lies in one piece."""
 TABLE_COLUMNS = ["codec", "group_size", "hadamard", "scales", "rounding", "bytes_per_element", "ratio_vs_bf16",
                  "rel_l2_mean", "rel_l2_max", "rel_l2_bound", "margin", "rate_bytes_per_element", "n_samples"]
+"""Columns of the public table (`CalibrationResult.table`), in order."""
 # per-candidate sums and maxima that measurements of several sample sets (ranks) merge
 _SUMS = ("nbytes", "numel", "n_samples", "rel_l2_sum", "r2_sum", "r2_sqsum")
 _MAXES = ("rel_l2_max", "piece_bound2_max")
@@ -57,6 +60,10 @@ class CalibrationResult:
     with; see the module docstring), margin (rel_l2_bound - rel_l2_max), rate_bytes_per_element
     (the config's wire bytes per element on whole super-blocks, what the byte budget is compared
     with), n_samples, within_budget, chosen.
+
+    Args:
+        config: the chosen config.
+        table: the measurements, one row per candidate (columns above).
     """
 
     config: CompressionConfig
@@ -64,7 +71,15 @@ class CalibrationResult:
 
 
 def default_candidates(base: CompressionConfig | None = None) -> list[CompressionConfig]:
-    """Every codec (8-, 6- and 4-bit) x group size x Hadamard on/off, other fields from `base`."""
+    """Every codec (8-, 6- and 4-bit) x group size x Hadamard on/off, other fields from `base`.
+
+    Args:
+        base: the config the other fields (scales, rounding, seed) come from; default
+            `CompressionConfig()`.
+
+    Returns:
+        The 50 candidate configs, codec-major.
+    """
     base = base or CompressionConfig()
     return [
         base.replace(codec=c, group_size=g, hadamard=h)

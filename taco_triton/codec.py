@@ -40,6 +40,10 @@ def compress(
         `Compressed` whose `.data` (1-D uint8, on x's device) is exactly what goes on the wire:
         `numel` code bytes (rounded up to whole groups) plus the scales.
 
+    Raises:
+        TypeError: `x` is not a tensor, or not bf16/fp16/fp32; `config` is not a CompressionConfig.
+        ValueError: `config.enabled` is False; with `check_finite`, a group holds NaN/Inf.
+
     Example:
         >>> x = torch.randn(4, 384, dtype=torch.bfloat16)
         >>> c = compress(x)
@@ -89,6 +93,14 @@ def decompress(c: Compressed, *, out: torch.Tensor | None = None, backend: str =
 
     Values beyond the output dtype's finite range saturate to its largest finite value; groups
     that held NaN/Inf come back as NaN.
+
+    Returns:
+        The decompressed tensor (`out` when given).
+
+    Raises:
+        TypeError: `c` is not a `Compressed`.
+        ValueError: `c.data` is not 1-D uint8 of the size its shape and config need; `out` has
+            the wrong number of elements, dtype or device.
     """
     if not isinstance(c, Compressed):
         raise TypeError(f"decompress expects a Compressed, got {type(c).__name__}")

@@ -55,6 +55,7 @@ class Compressed(NamedTuple):
 
     @property
     def numel(self) -> int:
+        """Elements of the original tensor."""
         n = 1
         for d in self.shape:
             n *= d
@@ -66,7 +67,11 @@ class Compressed(NamedTuple):
         return 2 * self.numel / self.nbytes if self.nbytes else float("nan")
 
     def to_bytes(self) -> bytes:
-        """Self-describing bytes: header (format, config, dtype, shape), payload and a CRC32."""
+        """Serialise to self-describing bytes (the format is in docs/format-stability.md).
+
+        Returns:
+            Header (format, config, dtype, shape), payload and a CRC32.
+        """
         c = self.config
         head = _FIXED.pack(
             _MAGIC, _VERSION, CODECS.index(c.codec), c.group_size, int(c.hadamard),
@@ -79,7 +84,18 @@ class Compressed(NamedTuple):
 
     @classmethod
     def from_bytes(cls, blob, device=None) -> "Compressed":
-        """Parse `to_bytes` output. Raises ValueError on truncated, corrupted or foreign bytes."""
+        """Parse `to_bytes` output.
+
+        Args:
+            blob: the bytes (any buffer: bytes, bytearray, memoryview, a numpy array).
+            device: where to put `data` (default: CPU).
+
+        Returns:
+            The `Compressed`, validated (`validate`).
+
+        Raises:
+            ValueError: truncated, corrupted or foreign bytes (naming what is wrong).
+        """
         mv = memoryview(blob).cast("B")
         n = len(mv)
         if n < _FIXED.size:
@@ -130,12 +146,24 @@ class Compressed(NamedTuple):
         return out.to(device) if device is not None else out
 
     def to(self, device) -> "Compressed":
+        """A copy with `data` on another device.
+
+        Args:
+            device: the target device.
+
+        Returns:
+            The same compressed tensor, its bytes on `device`.
+        """
         return self._replace(data=self.data.to(device))
 
     def aligned(self) -> "Compressed":
         """This `Compressed`, with `data` copied into fresh storage if it is not a contiguous
         1-D tensor starting 16-byte aligned (a slice cut from a receive buffer at an odd offset
-        cannot be viewed as FP32 scales)."""
+        cannot be viewed as FP32 scales).
+
+        Returns:
+            `self`, or a copy with aligned, contiguous `data`.
+        """
         d = self.data
         if torch.compiler.is_compiling():  # traced graphs hold tensors the compiler allocated (aligned)
             return self
@@ -144,8 +172,13 @@ class Compressed(NamedTuple):
         return self._replace(data=d.clone(memory_format=torch.contiguous_format))
 
     def validate(self) -> None:
-        """Check the buffer is one compress can produce: its size, its scales and its codes;
-        raises ValueError otherwise. Misaligned or strided `data` is checked on an aligned copy."""
+        """Check the buffer is one compress can produce: its size, its scales and its codes.
+        Misaligned or strided `data` is checked on an aligned copy.
+
+        Raises:
+            ValueError: `data` is not 1-D uint8, or holds codes or scales compress never writes
+                (naming how many, and the first).
+        """
         if not isinstance(self.data, torch.Tensor) or self.data.dtype != torch.uint8 or self.data.dim() != 1:
             raise ValueError(f"Compressed.data must be a 1-D uint8 tensor, got {getattr(self.data, 'dtype', type(self.data))} "
                              f"with shape {tuple(getattr(self.data, 'shape', ()))}")

@@ -50,13 +50,26 @@ class CodecSpec:
     bits: int = 8
 
     def code_bytes(self, group_size: int) -> int:
-        """Wire bytes of one group's codes (whole bytes for every G >= 32)."""
+        """Wire bytes of one group's codes.
+
+        Args:
+            group_size: elements per group G.
+
+        Returns:
+            G x bits / 8 (whole bytes for every G >= 32).
+        """
         return group_size * self.bits // 8
 
     def half_ulp(self, v: torch.Tensor) -> torch.Tensor:
         """Half the spacing of the code grid at magnitude |v| (v in code units, float64 result).
 
         This is the worst-case round-to-nearest error of one code, the basis of every error bound.
+
+        Args:
+            v: magnitudes in code units (any float dtype).
+
+        Returns:
+            float64 tensor of v's shape.
         """
         v = v.abs().double()
         if not self.is_float:
@@ -81,6 +94,7 @@ CODEC_SPECS = {
     "int6": CodecSpec("int6", 31.0, 0, 0, torch.int8, False, bits=6),
     "int4": CodecSpec("int4", 7.0, 0, 0, torch.int8, False, bits=4),
 }
+"""The `CodecSpec` of each codec, by `CompressionConfig.codec` name."""
 
 
 def _check_choice(field: str, value, allowed) -> None:
@@ -115,6 +129,10 @@ class CompressionConfig:
         enabled: False turns compression off where a config is consumed by the collectives (they
             then run the native collective); `compress` refuses a disabled config.
 
+    Raises:
+        ValueError: a field outside its allowed values (naming the field, the value and what is
+            allowed).
+
     Example:
         >>> cfg = CompressionConfig(codec="int8", group_size=64)
         >>> cfg.bytes_per_element(4096)
@@ -145,14 +163,23 @@ class CompressionConfig:
 
     @property
     def spec(self) -> CodecSpec:
+        """The codec's `CodecSpec`."""
         return CODEC_SPECS[self.codec]
 
     @property
     def stochastic(self) -> bool:
+        """Whether rounding is stochastic."""
         return self.rounding == "stochastic"
 
     def replace(self, **changes) -> "CompressionConfig":
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        Args:
+            **changes: field names and their new values.
+
+        Returns:
+            The new config.
+        """
         return dataclasses.replace(self, **changes)
 
     def wire_regions(self, numel: int) -> tuple[int, int, int]:
@@ -161,6 +188,12 @@ class CompressionConfig:
         Codes are `code_bytes` per group, the last group padded to G; "dual" stores one FP32
         per super-block and one byte per group, "taco_fp32x2" two FP32 per group. Where the
         regions sit is `taco_triton.layout.WireLayout`'s business; this is only their sizes.
+
+        Args:
+            numel: elements of the tensor, >= 0.
+
+        Returns:
+            (codes, scale_a, scale_b) in bytes.
 
         Raises:
             ValueError: numel is negative.
@@ -175,14 +208,37 @@ class CompressionConfig:
         return codes, 4 * n_groups, 4 * n_groups
 
     def bytes_per_element(self, numel: int = 1 << 20) -> float:
-        """Wire bytes per input element for a tensor of `numel` elements (metadata included)."""
+        """Wire bytes per input element for a tensor of `numel` elements (metadata included).
+
+        Args:
+            numel: elements of the tensor (default 1 Mi: the rate on whole super-blocks).
+
+        Returns:
+            The sum of `wire_regions(numel)` over `numel` (over 1 for an empty tensor).
+        """
         return sum(self.wire_regions(numel)) / max(numel, 1)
 
     def to_dict(self) -> dict:
+        """The fields as a dict (JSON-serialisable; `from_dict` reads it back).
+
+        Returns:
+            {field name: value}.
+        """
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "CompressionConfig":
+        """The config a `to_dict` dict describes (missing fields take their defaults).
+
+        Args:
+            d: {field name: value}.
+
+        Returns:
+            The config, validated.
+
+        Raises:
+            ValueError: a key that is not a field, or a value outside its allowed ones.
+        """
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown CompressionConfig fields: {sorted(unknown)}")

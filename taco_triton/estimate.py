@@ -52,17 +52,21 @@ from .config import INPUT_DTYPES, SUPERBLOCK_ELEMS, CompressionConfig
 from .kernels import slots
 from .layout import WireLayout
 
+__all__ = ["COLLECTIVES", "LAUNCHES_PER_SLICE", "HOST_US_PER_LAUNCH", "RING_COSTS", "Estimate", "ring_bytes",
+           "compressed_wire_bytes", "estimate"]
+
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
-#: Kernel launches per pipeline slice of each compressed collective: all_reduce compresses every
-#: chunk in one launch, reduces in one and decompresses in one; reduce_scatter compresses and
-#: decode-sums; all_gather compresses and decompresses.
+"""The collectives `estimate` models."""
 LAUNCHES_PER_SLICE = {"all_reduce": 3, "reduce_scatter": 2, "all_gather": 2}
-#: Host time per kernel launch on the collectives' path, in microseconds: the median over every
-#: collective, world size (2, 4, 8) and pipeline depth (1, 2) that bench/host_overhead.py measured
-#: on a 2-core x86-64 CPU host with the kernel launches stubbed and the process-group calls left
-#: out (bench/results/host_overhead.csv: 6.0 us, 3.9x a 16-element torch.add timed in the same
-#: run). A GPU host's faster cores do better; Triton's own launch cost on a GPU is not in it.
+"""Kernel launches per pipeline slice of each compressed collective: all_reduce compresses every
+chunk in one launch, reduces in one and decompresses in one; reduce_scatter compresses and
+decode-sums; all_gather compresses and decompresses."""
 HOST_US_PER_LAUNCH = 6.0
+"""Host time per kernel launch on the collectives' path, in microseconds: the median over every
+collective, world size (2, 4, 8) and pipeline depth (1, 2) that bench/host_overhead.py measured
+on a 2-core x86-64 CPU host with the kernel launches stubbed and the process-group calls left
+out (bench/results/host_overhead.csv: 6.0 us, 3.9x a 16-element torch.add timed in the same
+run). A GPU host's faster cores do better; Triton's own launch cost on a GPU is not in it."""
 
 
 @dataclass(frozen=True)
@@ -70,21 +74,33 @@ class Estimate:
     """Times in seconds, per call, for one rank. `speedup` = native_s / compressed_s."""
 
     collective: str
+    """The collective modelled."""
     native_s: float
+    """The native collective's time."""
     compressed_s: float
-    link_s: float  # the compressed collective's communication time
-    codec_s: float  # its compress/reduce/decompress time (0 when codec_gbytes_s is None)
-    launches: int  # its kernel launches per call (0 for a disabled config)
-    host_s: float  # the host time of those launches
+    """The compressed collective's time: link, codec and host time, added or overlapped."""
+    link_s: float
+    """The compressed collective's communication time."""
+    codec_s: float
+    """Its compress/reduce/decompress time (0 when codec_gbytes_s is None)."""
+    launches: int
+    """Its kernel launches per call (0 for a disabled config)."""
+    host_s: float
+    """The host time of those launches."""
     speedup: float
-    wire_ratio: float  # compressed bytes on the wire / native bytes on the wire
+    """native_s / compressed_s."""
+    wire_ratio: float
+    """Compressed bytes on the wire / native bytes on the wire."""
     native_bytes_per_rank: float
+    """Bytes each rank sends natively (`ring_bytes`)."""
     compressed_bytes_per_rank: float
+    """Bytes each rank sends compressed."""
     codec_counted: bool
-    break_even_codec_gbytes_s: float  # the codec_gbytes_s at which speedup would be exactly 1
+    """Whether codec time is in `compressed_s` (False: `codec_gbytes_s` was None, a ceiling)."""
+    break_even_codec_gbytes_s: float
+    """The codec_gbytes_s at which speedup would be exactly 1 (inf: no codec is fast enough)."""
 
 
-#: The collectives `ring_bytes` knows, and the share of `nbytes` each rank sends in them.
 RING_COSTS = {
     "all_reduce": "2 (P-1)/P of the tensor",
     "reduce_scatter": "(P-1)/P of the input",
@@ -92,6 +108,7 @@ RING_COSTS = {
     "all_gather": "P-1 times the shard (nbytes: this rank's input)",
     "all_to_all": "(P-1)/P of the input, in whole bytes (equal splits)",
 }
+"""The collectives `ring_bytes` knows, and the share of `nbytes` each rank sends in them."""
 
 
 def ring_bytes(collective: str, nbytes: float, ranks: int) -> float:
@@ -151,6 +168,15 @@ def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, col
     WireLayout in a slot with its 4-byte tag, padded to 16 bytes (`slots.slot_bytes`): all_reduce
     cuts super-block-aligned chunks, reduce_scatter and all_gather the equal first-dim shards.
 
+    Args:
+        numel: elements of the message (all_gather: of the gathered output).
+        config: the compression config.
+        ranks: processes in the group, P >= 1.
+        collective: one of `COLLECTIVES`; all_reduce cuts super-block-aligned chunks.
+
+    Returns:
+        The bytes of all `ranks` slots together, tags and padding included.
+
     Example (1 Mi elements at P = 4, FP8: four slots of 264,464 bytes):
         >>> compressed_wire_bytes(1 << 20, CompressionConfig(), 4)
         1057856
@@ -202,7 +228,15 @@ def estimate(
             (default `HOST_US_PER_LAUNCH`; 0 leaves host time out).
 
     Rates must be positive and finite (an infinitely fast link or codec is not a model input: leave
-    the codec out with None). Raises ValueError naming the offending value.
+    the codec out with None).
+
+    Returns:
+        The `Estimate` of one call on one rank.
+
+    Raises:
+        ValueError: an argument out of its range (naming it and its value): a non-integer or
+            too small `numel`, `ranks` or `pipeline`, an unsupported dtype or collective, a config
+            that is not a CompressionConfig, a rate that is not positive and finite.
     """
     numel = _integer("numel", numel, 1)
     if dtype not in INPUT_DTYPES:

@@ -33,6 +33,7 @@ from .collectives.compressed import DEFAULT_MIN_BYTES
 from .config import INPUT_DTYPES, CompressionConfig
 
 DIRECTIONS = ("forward", "backward")
+"""The directions a site's message flows in: activations forward, gradients backward."""
 _PLAN_VERSION = 1
 #: What a calibrated plan records per site (columns of `calibrate`'s table).
 _MEASURED = ("rate_bytes_per_element", "rel_l2_mean", "rel_l2_max", "rel_l2_bound", "margin")
@@ -109,8 +110,8 @@ class CompressionPolicy:
     _frozen: bool = field(default=False, init=False, repr=False)
     _samples: dict = field(default_factory=dict, init=False, repr=False)
     _steps: int = field(default=0, init=False, repr=False)
-    #: {"site|direction": count} of samples skipped because they held NaN/Inf.
     skipped_nonfinite: dict = field(default_factory=dict, init=False, repr=False)
+    """{"site|direction": count} of samples skipped because they held NaN/Inf."""
 
     def __post_init__(self) -> None:
         if self.default is not None and not isinstance(self.default, CompressionConfig):
@@ -149,10 +150,23 @@ class CompressionPolicy:
 
     @property
     def calibrating(self) -> bool:
+        """True while samples are collected (`calibrate_steps` > 0 and no plan in force yet)."""
         return self.calibrate_steps > 0 and not self._frozen
 
     def config_for(self, site: str, direction: str) -> CompressionConfig | None:
-        """The config for `site` in `direction`, or None for the native collective."""
+        """The config for `site` in `direction`: the frozen plan's, else the first matching
+        override's, else `default`; None where the direction is off or the site exempt.
+
+        Args:
+            site: the site name.
+            direction: "forward" or "backward".
+
+        Returns:
+            The config, or None for the native collective.
+
+        Raises:
+            ValueError: `direction` is not one of `DIRECTIONS`.
+        """
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         if not (self.forward if direction == "forward" else self.backward):
@@ -167,7 +181,15 @@ class CompressionPolicy:
 
     # ------------------------------------------------------------------ calibration
     def observe(self, site: str, direction: str, tensor: torch.Tensor) -> None:
-        """Keep a sample of what `site` communicates (only while calibrating; cheap otherwise)."""
+        """Keep a sample of what `site` communicates (only while calibrating; cheap otherwise).
+
+        A sample holding NaN/Inf is skipped and counted in `skipped_nonfinite`.
+
+        Args:
+            site: the site name.
+            direction: "forward" or "backward".
+            tensor: the message (copied to CPU float32 when kept).
+        """
         if not self.calibrating or self.config_for(site, direction) is None:
             return
         key = _key(site, direction)
@@ -183,7 +205,16 @@ class CompressionPolicy:
         """Call once per training step. At the end of step `calibrate_steps` every rank of `group`
         measures the candidates on its own samples, the measurements are gathered, and every rank
         decides the same plan from all of them (or raises the same ValueError); the plan is frozen
-        and (if `plan` is a path) saved by rank 0."""
+        and (if `plan` is a path) saved by rank 0.
+
+        Args:
+            group: the torch.distributed group whose ranks calibrate together (a collective on
+                that step: every rank of it must call); None is the world.
+
+        Raises:
+            ValueError: calibration failed on some rank (no candidate within the budgets, a
+                bad sample): the same error on every rank, naming the site and the step.
+        """
         if not self.calibrating:
             return
         self._steps += 1
@@ -214,7 +245,14 @@ class CompressionPolicy:
             self.save_plan(self.plan)
 
     def error_budget(self, direction: str) -> float | None:
-        """The calibration error budget of `direction` (None: lowest error within the byte budget)."""
+        """The calibration error budget of one direction.
+
+        Args:
+            direction: "forward" or "backward".
+
+        Returns:
+            The budget, or None (lowest error within the byte budget).
+        """
         if isinstance(self.max_error, Mapping):
             return self.max_error.get(direction)
         return self.max_error
@@ -250,7 +288,11 @@ class CompressionPolicy:
 
     # ------------------------------------------------------------------ persistence
     def plan_dict(self) -> dict:
-        """The frozen plan as {"site|direction": config}."""
+        """The frozen plan.
+
+        Returns:
+            {"site|direction": config} (a copy; empty before a plan is in force).
+        """
         return dict(self._plan)
 
     def plan_table(self):
@@ -258,7 +300,11 @@ class CompressionPolicy:
         group size and Hadamard, and what calibration measured on the site's samples of every
         rank: wire bytes per element, mean and worst relative L2 error, the bound on held-out
         tensors that an error budget is compared with (`rel_l2_bound`) and its `margin` over
-        the worst sample (NaN for a loaded plan saved without them)."""
+        the worst sample (NaN for a loaded plan saved without them).
+
+        Returns:
+            The DataFrame (no rows before a plan is in force).
+        """
         import pandas as pd
 
         rows = []
@@ -270,6 +316,11 @@ class CompressionPolicy:
         return pd.DataFrame(rows, columns=["site", "direction", "codec", "group_size", "hadamard", *_MEASURED])
 
     def save_plan(self, path) -> None:
+        """Write the frozen plan and its measurements as JSON (replaced atomically).
+
+        Args:
+            path: the JSON file (`load_plan` and the `plan` argument read it back).
+        """
         doc = {"version": _PLAN_VERSION, "entries": {k: dataclasses.asdict(c) for k, c in sorted(self._plan.items())},
                "measured": dict(sorted(self._measured.items()))}
         tmp = f"{path}.tmp{os.getpid()}"
@@ -278,7 +329,14 @@ class CompressionPolicy:
         os.replace(tmp, path)
 
     def load_plan(self, path) -> None:
-        """Load and freeze a plan saved by `save_plan`; ValueError on a malformed file."""
+        """Load and freeze a plan saved by `save_plan`.
+
+        Args:
+            path: the JSON file.
+
+        Raises:
+            ValueError: the file cannot be read or is malformed (naming the path and why).
+        """
         try:
             with open(path) as f:
                 doc = json.load(f)

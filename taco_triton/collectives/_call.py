@@ -19,11 +19,11 @@ from ..env import check_mode, compress_single_rank
 from . import _driver, _errors, _pg, _plan, _steady
 from ._state import STATE
 
-#: Messages below this many bytes go through the native collective when the codec runs on a GPU.
-#: Not yet measured on GPUs (TACO's authors use 10 MiB); see docs/speed/index.md. On CPU tensors the codec is the
-#: torch reference (~14 MB/s per core measured, bench/collectives.py), slower than the link at
-#: every size for links >= 0.25 Gbit/s, so there the default is native unless min_bytes is given.
 DEFAULT_MIN_BYTES = 1 << 20
+"""Messages below this many bytes go through the native collective when the codec runs on a GPU.
+Not yet measured on GPUs (TACO's authors use 10 MiB); see docs/speed/index.md. On CPU tensors the codec is the
+torch reference (~14 MB/s per core measured, bench/collectives.py), slower than the link at
+every size for links >= 0.25 Gbit/s, so there the default is native unless min_bytes is given."""
 #: Each pipeline slice of "auto" depth carries at least this many input bytes.
 AUTO_SLICE_BYTES = 8 << 20
 #: The most pipeline slices a call may ask for.

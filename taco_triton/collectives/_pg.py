@@ -34,10 +34,15 @@ class WireCall:
     with collective "all_reduce"; a native call's kind and collective are the same)."""
 
     kind: str
+    """The operation on the wire ("all_to_all", "all_gather", "send", ...)."""
     buffer_bytes: int
+    """Bytes of the buffer handed to the process group."""
     wire_bytes: float
+    """Bytes this rank sends in it (the standard ring cost, `taco_triton.estimate.ring_bytes`)."""
     compressed: bool
+    """Whether the buffer holds compressed bytes."""
     collective: str = ""
+    """The collective the user called that issued it (default: `kind`)."""
 
     def __post_init__(self):
         self.collective = self.collective or self.kind
@@ -61,9 +66,10 @@ class WireStats:
     """
 
     calls: list = field(default_factory=list)
-    #: Bytes this rank sent in the per-call fingerprint exchanges that check the ranks agree
-    #: (counted in `wire_bytes`, kept out of `calls`: they are not the collective's payload).
+    """The `WireCall` of every call recorded, in order."""
     fingerprint_bytes: float = 0.0
+    """Bytes this rank sent in the per-call fingerprint exchanges that check the ranks agree
+    (counted in `wire_bytes`, kept out of `calls`: they are not the collective's payload)."""
 
     def __enter__(self) -> "WireStats":
         if not hasattr(_stats, "stack"):
@@ -88,13 +94,20 @@ class WireStats:
         return out
 
     def by_collective(self) -> dict:
-        """Wire bytes per collective the user called ("all_reduce", "send", ...), plus
-        "fingerprint" for the agreement checks."""
+        """Wire bytes per collective the user called.
+
+        Returns:
+            {collective ("all_reduce", "send", ...): bytes}, plus "fingerprint" for the
+            agreement checks.
+        """
         return self._summed(lambda c: c.collective)
 
     def by_kind(self) -> dict:
-        """Wire bytes per operation handed to the process group ("all_to_all", ...), plus
-        "fingerprint" for the agreement checks."""
+        """Wire bytes per operation handed to the process group.
+
+        Returns:
+            {kind ("all_to_all", ...): bytes}, plus "fingerprint" for the agreement checks.
+        """
         return self._summed(lambda c: c.kind)
 
 

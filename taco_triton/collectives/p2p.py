@@ -41,7 +41,17 @@ def should_compress(tensor: torch.Tensor, config: CompressionConfig | None, min_
                     backend: str = "auto") -> bool:
     """Whether a message goes compressed; sender and receiver decide alike from what both know
     (config, dtype, size). `min_bytes=None` follows the collectives: `DEFAULT_MIN_BYTES` where the
-    codec runs on a GPU, never where it would be the torch reference on CPU."""
+    codec runs on a GPU, never where it would be the torch reference on CPU.
+
+    Args:
+        tensor: the message (the sender's tensor, or the receiver's buffer).
+        config: the `CompressionConfig`, or None (native).
+        min_bytes: messages smaller than this go natively; None as described above.
+        backend: codec backend, as in `taco_triton.compress`.
+
+    Returns:
+        True when the message is compressed.
+    """
     if config is None or not config.enabled or tensor.dtype not in INPUT_DTYPES:
         return False
     if min_bytes is None:
@@ -337,6 +347,10 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
 
     Returns:
         A Work whose `wait()` leaves the message in `tensor` (a compressed one: a `Pending`).
+
+    Raises:
+        ValueError: at call time, a compressed message into a non-contiguous tensor; at
+            `wait()`, a sender that disagrees or a tag that does not match (see above).
     """
     _pg.guard_exit(tensor)
     compress = should_compress(tensor, config, min_bytes, backend)

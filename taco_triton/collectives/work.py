@@ -86,15 +86,27 @@ class Pending:
         return True
 
     def is_completed(self) -> bool:
-        """True once `wait()` has returned successfully."""
+        """Whether `wait()` has returned successfully.
+
+        Returns:
+            True once it has.
+        """
         return self._done
 
     def is_success(self) -> bool:
-        """As `is_completed` (torch's older Work API)."""
+        """As `is_completed` (torch's older Work API).
+
+        Returns:
+            True once `wait()` has returned successfully.
+        """
         return self._done
 
     def exception(self) -> BaseException | None:
-        """The error this handle failed with, or None."""
+        """The error this handle failed with.
+
+        Returns:
+            The exception, or None.
+        """
         return self._error
 
 

@@ -284,6 +284,12 @@ class CompressedSequenceParallel(SequenceParallel):
     A plain tensor input is taken as this rank's sequence shard (no communication, as in torch);
     a DTensor input with another placement is redistributed to Shard(sequence_dim) under
     `policy` (e.g. a Partial input: reduce-scatter, site f"{name}.reduce_scatter").
+
+    Args:
+        sequence_dim: the dimension the input and output are sharded on, as in torch.
+        use_local_output: return a local tensor instead of a DTensor, as in torch.
+        policy: `CompressionPolicy` (None: native collectives, through the same code path).
+        name: site-name prefix (None: set by `name_sites`, else the bare role).
     """
 
     def __init__(self, *, sequence_dim: int = 1, use_local_output: bool = False,
@@ -319,6 +325,15 @@ class CompressedPrepareModuleInput(PrepareModuleInput):
     Replicate; backward reduce-scatter of the summed gradients of every consumer): site
     f"{name}.gather" for the first positional input, f"{name}.in{i}.gather" for input i > 0 and
     f"{name}.{key}.gather" for a keyword input.
+
+    Args:
+        input_layouts: as in torch's `PrepareModuleInput`.
+        desired_input_layouts: as in torch's `PrepareModuleInput`.
+        input_kwarg_layouts: as in torch's `PrepareModuleInput`.
+        desired_input_kwarg_layouts: as in torch's `PrepareModuleInput`.
+        use_local_output: as in torch's `PrepareModuleInput`.
+        policy: `CompressionPolicy` (None: native collectives, through the same code path).
+        name: site-name prefix (None: set by `name_sites`, else the bare role).
     """
 
     def __init__(self, *, input_layouts=None, desired_input_layouts=None, input_kwarg_layouts=None,
@@ -387,7 +402,18 @@ def compress_plan(plan: ParallelStyle | Mapping[str, ParallelStyle], policy: Com
     `PrepareModuleInput` replaced by its compressed counterpart (same arguments) under `policy`.
 
     Other styles, and subclasses of these (which may prepare inputs their own way), are kept
-    as they are. Accepts what `parallelize_module` accepts: one style or {module path: style}.
+    as they are.
+
+    Args:
+        plan: what `parallelize_module` accepts: one style or {module path: style}.
+        policy: the `CompressionPolicy` of the compressed styles (None: native collectives).
+
+    Returns:
+        The converted style, or a new {module path: style} dict.
+
+    Raises:
+        TypeError: `plan` is neither a ParallelStyle nor a mapping; `policy` is not a
+            CompressionPolicy or None.
 
     Example:
         >>> from torch.distributed.tensor import Shard
@@ -409,10 +435,18 @@ def compress_plan(plan: ParallelStyle | Mapping[str, ParallelStyle], policy: Com
 def name_sites(model: nn.Module, overwrite: bool = False, exclude: tuple[str, ...] = ()) -> list[str]:
     """Name every module a compressed style parallelized after its path in `model` (for example
     "layers.1.attention.wo"), keeping names given explicitly unless `overwrite`; modules whose
-    path matches an fnmatch pattern of `exclude` are left alone. Returns the named paths.
+    path matches an fnmatch pattern of `exclude` are left alone.
 
     Call after `parallelize_module` (per-block plans included): site names then match those of
     `taco_triton.parallel`'s layers at the same paths.
+
+    Args:
+        model: the parallelized model.
+        overwrite: rename modules named explicitly too.
+        exclude: fnmatch patterns of module paths to leave alone.
+
+    Returns:
+        The paths named.
     """
     named = []
     for path, m in model.named_modules():

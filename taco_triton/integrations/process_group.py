@@ -63,12 +63,12 @@ from . import sites
 
 __all__ = ["BACKEND", "P2P_SITE", "CompressingProcessGroup", "GroupOptions", "GroupStats", "compressed_group"]
 
-#: The name the group's backend is registered under (``import taco_triton`` registers it):
-#: ``dist.init_process_group("taco")``, ``dist.new_group(ranks, backend="taco")``.
 BACKEND = "taco"
+"""The name the group's backend is registered under (``import taco_triton`` registers it):
+``dist.init_process_group("taco")``, ``dist.new_group(ranks, backend="taco")``."""
 
-#: The site of point-to-point messages (the same at both ends; ``exempt=["p2p"]`` forwards them).
 P2P_SITE = "p2p"
+"""The site of point-to-point messages (the same at both ends; ``exempt=["p2p"]`` forwards them)."""
 _COMPRESSIBLE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
 
 
@@ -78,8 +78,11 @@ class GroupStats:
     and their buffer bytes (all_reduce: the tensor; reduce_scatter, all_gather: the larger one)."""
 
     calls: int = 0
+    """Calls made."""
     compressed: int = 0
+    """Of those, calls sent compressed."""
     bytes: int = 0
+    """Their buffer bytes."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,16 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     Made by `compressed_group`; see the module docstring. Attributes: `inner` (the process group
     that carries every byte), `policy`, `stats` ({(site, direction, kind): GroupStats}).
+
+    Args:
+        rank: this process's rank in the group.
+        size: ranks in the group.
+        inner: the process group that carries every byte.
+        policy: the `CompressionPolicy` deciding each message.
+        global_ranks: the group's ranks in the world, in group order.
+        group_name: the name torch.distributed knows the group by ("": the one it assigns).
+        inner_backend: the backend of an inner group this group made and destroys with itself;
+            None for a group the caller made.
     """
 
     def __init__(self, rank: int, size: int, inner, policy, global_ranks: list[int], group_name: str = "",
@@ -191,6 +204,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     @property
     def pg_name(self) -> str:
+        """The group's name (as `group_name`; the name torch's newer API reads)."""
         return self.group_name
 
     def shutdown(self) -> None:
@@ -200,6 +214,11 @@ class CompressingProcessGroup(dist.ProcessGroup):
             dist.destroy_process_group(self._inner)
 
     def getBackendName(self) -> str:
+        """The backend name, `BACKEND`.
+
+        Returns:
+            "taco".
+        """
         return BACKEND
 
     def name(self) -> str:

@@ -36,8 +36,8 @@ import torch
 
 __all__ = ["KINDS", "SiteTracker", "check_patterns", "current_site", "track_sites", "tracking"]
 
-#: The collective names that end a site (what the compressing process group decides for).
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "send")
+"""The collective names that end a site (what the compressing process group decides for)."""
 
 _forward_stack: list[str] = []
 _backward_site: list = [None, -1]  # [module name, the backward pass (graph task id) that set it]
@@ -57,8 +57,15 @@ def in_backward() -> bool:
 
 
 def current_site(kind: str) -> tuple[str, str]:
-    """(site, direction) of a `kind` collective issued now: ``"<module>.<kind>"`` inside a tracked
-    module, the bare `kind` outside every one."""
+    """The site of a collective issued now.
+
+    Args:
+        kind: one of `KINDS`.
+
+    Returns:
+        (site, direction): ``"<module>.<kind>"`` inside a tracked module, the bare `kind` outside
+        every one; "backward" inside a backward pass, else "forward".
+    """
     task = _graph_task()
     if task != -1:  # a site set by an earlier backward pass is stale
         module, direction = (_backward_site[0] if _backward_site[1] == task else None), "backward"
@@ -68,7 +75,11 @@ def current_site(kind: str) -> tuple[str, str]:
 
 
 def tracking() -> bool:
-    """True while some `track_sites` tracker is installed."""
+    """Whether sites are being tracked.
+
+    Returns:
+        True while some `track_sites` tracker is installed.
+    """
     return bool(_trackers)
 
 
@@ -77,18 +88,26 @@ def _owns_parameters(name: str, module: torch.nn.Module) -> bool:
 
 
 class SiteTracker:
-    """The hooks of one `track_sites` call; `remove()` (or leaving a ``with`` block) takes them off."""
+    """The hooks of one `track_sites` call; `remove()` (or leaving a ``with`` block) takes them off.
+
+    Args:
+        names: qualified names of the tracked modules (the `names` attribute).
+    """
 
     def __init__(self, names: list[str]):
-        #: qualified names of the tracked modules
         self.names = names
         self._handles: list = []
 
     def sites(self) -> list[str]:
-        """Every site name a tracked call can have (module sites and the bare kinds)."""
+        """Every site name a tracked call can have.
+
+        Returns:
+            ``"<module>.<kind>"`` for every tracked module and kind, then the bare kinds.
+        """
         return [f"{n}.{k}" for n in self.names for k in KINDS] + list(KINDS)
 
     def remove(self) -> None:
+        """Take the hooks off (a second call does nothing)."""
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -115,7 +134,8 @@ def track_sites(model: torch.nn.Module, *, include: Callable[[str, torch.nn.Modu
             tracked sites now; each pattern that matches none warns once (a typo would otherwise
             silently leave the site at the default).
 
-    Returns a `SiteTracker` (``remove()``, or use it as a context manager).
+    Returns:
+        A `SiteTracker` (``remove()``, or use it as a context manager).
 
     Raises:
         TypeError: `model` is not a torch.nn.Module.
@@ -185,7 +205,15 @@ def _tensors(out) -> list[torch.Tensor]:
 def check_patterns(policy, sites: list[str] | None = None) -> list[str]:
     """The `exempt` and `overrides` patterns of `policy` that match none of `sites` (default:
     the sites of every active tracker, or only the bare kinds when none is active) nor the
-    point-to-point site "p2p"; warns once per policy and pattern."""
+    point-to-point site "p2p"; warns once per policy and pattern.
+
+    Args:
+        policy: a `CompressionPolicy` (anything with `exempt` and `overrides`).
+        sites: the site names to check against (default: as above).
+
+    Returns:
+        The unmatched patterns.
+    """
     if sites is None:
         sites = sorted({s for t in _trackers for s in t.sites()}) or list(KINDS)
     sites = [*sites, "p2p"]

@@ -75,11 +75,16 @@ def init_dense_weight(
     """The full [out_features, in_features] weight the parallel layers slice, on the CPU.
 
     Args:
+        out_features: rows of the weight.
+        in_features: columns of the weight.
         seed: seeds the generator, so every rank (and every world size) builds the same matrix.
         init_method: Megatron-style `init_method(tensor)` filling an FP32 tensor in place, run
             under `torch.random.fork_rng` with `torch.manual_seed(seed)` (the global RNG is left as
             it was). None: nn.Linear's default, U(-1/sqrt(in), 1/sqrt(in)).
         dtype: result dtype (default: torch's default dtype); the values are drawn in FP32.
+
+    Returns:
+        The weight, the same on every rank for the same arguments.
 
     Example:
         >>> w = init_dense_weight(4, 16, seed=1)
@@ -154,7 +159,19 @@ class _ParallelLinear(nn.Module):
     @torch.no_grad()
     def load_dense_(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         """Copy this rank's slice of a full [out_features, in_features] weight (and [out_features]
-        bias) into the layer; returns self. ValueError naming the shapes on a mismatch."""
+        bias) into the layer.
+
+        Args:
+            weight: the full dense weight.
+            bias: the full dense bias; given exactly when the layer has one.
+
+        Returns:
+            The layer itself.
+
+        Raises:
+            ValueError: a shape that does not match (naming both), or a bias given to a layer
+                without one or missing for a layer with one.
+        """
         want = (self.out_features, self.in_features)
         if tuple(weight.shape) != want:
             raise ValueError(f"{type(self).__name__}.load_dense_: weight shape {tuple(weight.shape)}, expected {want}")
@@ -176,8 +193,15 @@ class _ParallelLinear(nn.Module):
     def from_dense(cls, linear: nn.Linear, group=None, policy=None, **kwargs):
         """A parallel layer holding this rank's slice of `linear`'s weight and bias.
 
-        `kwargs` go to the constructor (sequence_parallel, name, ...); dtype and device default
-        to the dense layer's.
+        Args:
+            linear: the dense layer.
+            group: the tensor-parallel process group (None: the default group).
+            policy: the `CompressionPolicy` of the layer's sites.
+            **kwargs: go to the constructor (sequence_parallel, name, ...); dtype and device
+                default to the dense layer's.
+
+        Returns:
+            The new layer.
         """
         kwargs.setdefault("dtype", linear.weight.dtype)
         kwargs.setdefault("device", linear.weight.device)
@@ -284,12 +308,21 @@ class RowParallelLinear(_ParallelLinear):
         in_features: the full layer's input size; it must be divisible by P (ValueError naming
             both sizes otherwise).
         out_features: the full layer's output size.
+        group: as in `ColumnParallelLinear`.
+        policy: as in `ColumnParallelLinear`.
         sequence_parallel: reduce-scatter the output along dim 0 (site f"{name}.reduce_scatter"),
             giving this rank's tokens [t/P, ..., out]; otherwise all-reduce it (site
             f"{name}.reduce"), giving [..., out] on every rank.
         input_is_parallel: the input is already split [..., in/P] (a column-parallel layer's
             output). False: the input is replicated [..., in] and this rank takes its slice (site
             f"{name}.scatter", whose backward all-gathers the grad); not with sequence_parallel.
+        bias: as in `ColumnParallelLinear`.
+        name: as in `ColumnParallelLinear`.
+        init_method: as in `ColumnParallelLinear`.
+        dtype: as in `ColumnParallelLinear`.
+        device: as in `ColumnParallelLinear`.
+        seed: as in `ColumnParallelLinear`.
+        skip_init: as in `ColumnParallelLinear`.
 
     Example:
         >>> fc2 = RowParallelLinear(32, 16, name="mlp.fc2")
@@ -358,8 +391,14 @@ def _parallel_layers(model: nn.Module) -> Iterator[tuple[str, _ParallelLinear]]:
 
 
 def assign_site_names(model: nn.Module, overwrite: bool = False) -> nn.Module:
-    """Name every parallel layer of `model` after its module path (e.g. "layers.3.mlp.fc2"),
-    leaving layers that already have a name unless `overwrite`; returns `model`.
+    """Name every parallel layer of `model` after its module path (e.g. "layers.3.mlp.fc2").
+
+    Args:
+        model: the model holding the parallel layers.
+        overwrite: rename layers that already have a name too.
+
+    Returns:
+        `model`.
 
     Example:
         >>> m = nn.Sequential(ColumnParallelLinear(8, 16), nn.GELU(), RowParallelLinear(16, 8))
@@ -373,7 +412,14 @@ def assign_site_names(model: nn.Module, overwrite: bool = False) -> nn.Module:
 
 
 def parallel_sites(model: nn.Module) -> list[str]:
-    """Every site the parallel layers of `model` communicate at, in module order."""
+    """Every site the parallel layers of `model` communicate at.
+
+    Args:
+        model: the model holding the parallel layers.
+
+    Returns:
+        The site names, in module order.
+    """
     return [s for _, m in _parallel_layers(model) for s in m.sites]
 
 
@@ -384,6 +430,13 @@ def allreduce_sequence_parallel_grads(model: nn.Module, group=None) -> int:
 
     One native all-reduce of the flattened grads (they are small, and exact sums keep the
     replicas identical). Call after backward, before the optimizer step.
+
+    Args:
+        model: the model whose parameters are marked.
+        group: the tensor-parallel process group (None: the default group).
+
+    Returns:
+        How many grads were reduced.
     """
     grads = [p.grad for p in model.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
     if not grads or tp_world_size(group) == 1:

@@ -12,9 +12,9 @@ EXTRA = "pip install 'megatron-core==0.16.1' (taco-triton's `megatron` extra: pi
 #: The megatron-core release these patch points were read from.
 TESTED_VERSION = "0.16.1"
 
-#: The parallel axes a handle routes: tensor (TP collectives), pipeline (stage-boundary
-#: send/recv), data (DDP gradient reduction and the distributed optimizer's parameter all-gather).
 AXES = ("tp", "pp", "dp")
+"""The parallel axes a handle routes: tensor (TP collectives), pipeline (stage-boundary
+send/recv), data (DDP gradient reduction and the distributed optimizer's parameter all-gather)."""
 
 #: What a message the policy does not compress is sent with.
 NATIVE = CompressionConfig(enabled=False)
@@ -30,11 +30,15 @@ class SiteStats:
     wire bytes, and the axis ("tp", "pp" or "dp") the site belongs to."""
 
     calls: int = 0
+    """Calls routed."""
     compressed: int = 0
+    """Of those, calls sent compressed."""
     bytes: int = 0
-    #: bytes this rank handed to the process group for these calls (as `WireStats` counts them)
+    """Input bytes of those calls."""
     wire_bytes: float = 0.0
+    """Bytes this rank handed to the process group for these calls (as `WireStats` counts them)."""
     axis: str = "tp"
+    """The axis the site belongs to: "tp", "pp" or "dp"."""
 
 
 def _needs_megatron(e: ImportError) -> ImportError:

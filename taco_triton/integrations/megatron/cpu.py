@@ -53,6 +53,9 @@ def cpu_compat():
     is built with ``device="cuda"``); and no sequence parallelism in models with megatron's
     torch LayerNorm wrapper ("sequence parallel not supported by torch LayerNorm"). Set
     ``CUDA_DEVICE_MAX_CONNECTIONS=1`` to silence megatron's overlap warning.
+
+    Yields:
+        Nothing; the patches hold until the block ends.
     """
     if torch.cuda.is_available():
         yield

@@ -16,10 +16,10 @@ from ...config import CompressionConfig
 from ...policy import CompressionPolicy
 from .error_feedback import feed_back_error
 
-#: What data-parallel gradients are compressed with by default: INT8 after the block Hadamard
-#: transform (which spreads outliers over the group), stochastic rounding so that the reduced
-#: gradient is unbiased.
 GRADIENT_CONFIG = CompressionConfig(codec="int8", hadamard=True, rounding="stochastic")
+"""What data-parallel gradients are compressed with by default: INT8 after the block Hadamard
+transform (which spreads outliers over the group), stochastic rounding so that the reduced
+gradient is unbiased."""
 #: The reduce ops the DP axis routes; others go to torch.
 REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
 
@@ -37,6 +37,13 @@ def gradient_policy(policy=None, *, error_feedback: bool = False):
     are not calibrated unless `enable(dp=...)` gets a calibrating policy. With `error_feedback`,
     the default rounds to nearest (the residual this rank carries is then exactly what its
     quantization dropped; see `enable`).
+
+    Args:
+        policy: the policy whose fields carry over (None: `GRADIENT_CONFIG` for every DP site).
+        error_feedback: round to nearest instead (see above).
+
+    Returns:
+        The DP `CompressionPolicy`.
     """
     cfg = GRADIENT_CONFIG.replace(rounding="nearest") if error_feedback else GRADIENT_CONFIG
     if policy is None:

@@ -27,7 +27,12 @@ GROUP_GLOBALS = {
 
 class GroupsHandle:
     """What `enable_groups` did: `groups` ({axis: compressing group}), `disable()` to restore the
-    original groups in megatron's ``parallel_state``, `track(model)` to name sites after modules."""
+    original groups in megatron's ``parallel_state``, `track(model)` to name sites after modules.
+
+    Args:
+        parallel_state: megatron-core's ``parallel_state`` module, whose groups were replaced.
+        policies: {axis: the `CompressionPolicy` of that axis}.
+    """
 
     def __init__(self, parallel_state, policies: dict):
         self._ps = parallel_state
@@ -42,11 +47,20 @@ class GroupsHandle:
 
     @property
     def active(self) -> bool:
+        """True until `disable()`."""
         return self._active
 
     def track(self, model: torch.nn.Module, **kwargs):
         """`taco_triton.integrations.sites.track_sites(model)`, removed again by `disable()`;
-        the policies' patterns are checked against the model's sites (unmatched ones warn)."""
+        the policies' patterns are checked against the model's sites (unmatched ones warn).
+
+        Args:
+            model: the model whose modules name the sites.
+            **kwargs: go to `track_sites` (e.g. `prefix`).
+
+        Returns:
+            The `SiteTracker`.
+        """
         tracker = sites.track_sites(model, policies=list(self.policies.values()), **kwargs)
         self._trackers.append(tracker)
         return tracker

@@ -41,6 +41,14 @@ class MegatronHandle:
         stats: {(site, direction, collective): SiteStats} of every routed call since enable
             (or `reset_stats`).
         patched: "module.attribute" names replaced while active.
+
+    Args:
+        policy: the TP policy (see `enable`).
+        model: the model whose module paths name the sites (None: megatron's own names).
+        pp: the PP policy (None: `policy`).
+        dp: the DP policy (None: DP communication is not routed).
+        error_feedback: carry each DP bucket's quantization residual into the next step.
+        compress_param_gather: compress the distributed optimizer's parameter all-gather.
     """
 
     def __init__(self, policy, model=None, *, pp=None, dp=None, error_feedback: bool = False,
@@ -64,6 +72,7 @@ class MegatronHandle:
     # ------------------------------------------------------------------ lifecycle
     @property
     def active(self) -> bool:
+        """True until `disable()`."""
         return self._active
 
     def disable(self) -> None:
@@ -84,10 +93,15 @@ class MegatronHandle:
         self.disable()
 
     def reset_stats(self) -> None:
+        """Start `stats` afresh."""
         self.stats = {}
 
     def by_axis(self) -> dict[str, SiteStats]:
-        """`stats` summed per axis ("tp", "pp", "dp"; every axis present, zeros where unused)."""
+        """`stats` summed per axis.
+
+        Returns:
+            {axis: SiteStats} for "tp", "pp" and "dp" (every axis present, zeros where unused).
+        """
         out = {a: SiteStats(axis=a) for a in AXES}
         for st in self.stats.values():
             o = out[st.axis]
@@ -198,5 +212,9 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
 
 
 def active_handle() -> MegatronHandle | None:
-    """The handle currently enabled, or None."""
+    """The handle `enable` returned, while it is active.
+
+    Returns:
+        The `MegatronHandle`, or None.
+    """
     return ACTIVE.mappings
