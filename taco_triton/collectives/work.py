@@ -30,11 +30,14 @@ _C10D = torch._C._distributed_c10d
 class Pending:
     """Handle of an async operation; like torch.distributed's Work.
 
-    For a compressed collective: everything that enters the process group was issued when the
-    collective was called, so waiting on handles in any order, or never before the next
-    collective, changes nothing. `wait()` finishes what is left on this rank: on the native path
-    the process group's work and the copy back into a non-contiguous tensor; on CUDA it makes the
-    current stream wait for the collective (no host sync).
+    For a compressed collective: its work is issued in the group's order when the collective is
+    called (on CUDA onto the device's communication stream, on CPU as a job of the group's worker
+    thread), so waiting on handles in any order, or never before the next collective, changes
+    nothing. `wait()` finishes what is left on this rank: on CUDA it makes the current stream wait
+    for the call's end event (no host sync); on CPU it blocks until the call's job is done; on the
+    native path it waits for the process group's work and copies back into a non-contiguous
+    tensor. `is_completed()` says, without waiting, whether the work is done; `get_future()` is a
+    future of the output tensors, as torch's.
 
     Errors belong to their call: `wait()` raises this call's tag mismatch (see
     `taco_triton.check_errors`), never another call's, and no other call raises this one's. A
@@ -45,13 +48,18 @@ class Pending:
         finish: what `wait()` runs, once; it may return the call's error record (`_errors.Watched`)
             when it is made only then (a receive's decode).
         entry: the call's error record, when the call made one at issue (the Triton path).
+        done: what completes with the work, asked without waiting (`query()`): a CUDA event or
+            a worker's job; None: complete once `wait()` has returned.
+        future: makes `get_future()`'s future; None: a future completed by `wait()`.
     """
 
-    def __init__(self, finish: Callable[[], object], entry=None):
+    def __init__(self, finish: Callable[[], object], entry=None, done=None, future=None):
         self._finish = finish
         self._entry = entry
         self._done = False
         self._error: BaseException | None = None
+        self._completion = done
+        self._future = future
 
     def wait(self, timeout=None) -> bool:
         """Finish the operation; True once its result is in place.
@@ -86,12 +94,29 @@ class Pending:
         return True
 
     def is_completed(self) -> bool:
-        """True once `wait()` has returned successfully."""
-        return self._done
+        """True once the work is done (asked without waiting), or `wait()` has returned
+        successfully; False for a handle that failed."""
+        if self._error is not None:
+            return False
+        done = self._completion
+        if self._done or done is None or isinstance(done, str):  # str: captured in a graph
+            return self._done
+        return done.query()
 
     def is_success(self) -> bool:
         """As `is_completed` (torch's older Work API)."""
-        return self._done
+        return self.is_completed()
+
+    def get_future(self) -> torch.futures.Future:
+        """A future that completes with the operation's output tensors when it is done (on CUDA
+        carrying the end of its work as torch's futures do: waiting on it orders the current
+        stream after it)."""
+        if self._future is not None:
+            return self._future()
+        self.wait()
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
 
     def exception(self) -> BaseException | None:
         """The error this handle failed with, or None."""
@@ -101,9 +126,32 @@ class Pending:
 class PendingWork(Pending, dist.Work):
     """A `Pending` that is a ``torch.distributed.Work`` (what a process group's methods return)."""
 
-    def __init__(self, finish: Callable[[], object], entry=None):
+    def __init__(self, finish: Callable[[], object], entry=None, done=None, future=None):
         dist.Work.__init__(self)
-        Pending.__init__(self, finish, entry)
+        Pending.__init__(self, finish, entry, done, future)
+
+
+def as_work(pending, result, device: torch.device, then: Callable[[], None] | None = None):
+    """A collective's handle as a ``torch.distributed.Work`` for a process group to return: its
+    `wait()` waits for `pending` (a `Pending`, a Work, or None for work already complete), then
+    runs `then` (copies into the caller's outputs); `get_future()` completes with `result` (the
+    handle's own future when it has one and nothing is left for `then`)."""
+    if pending is None and then is None:
+        return completed(result, device)
+    if isinstance(pending, dist.Work) and then is None:
+        return pending
+
+    def finish():
+        if pending is not None:
+            pending.wait()
+        if then is not None:
+            then()
+
+    own = getattr(pending, "_future", None) if then is None else None
+    work = PendingWork(finish, done=getattr(pending, "_completion", None), future=own)
+    if own is None:  # complete it at wait(), with the result (on CUDA: the waiting stream's events)
+        work._future = lambda: (work.wait(), completed(result, device).get_future())[1]
+    return work
 
 
 class WaitAll(dist.Work):
