@@ -42,7 +42,7 @@ class Job:
     the result or error of `fn`. It quacks like a CUDA event, so an error record watched until
     `query()` is True is read only once the job's kernels are done (`_errors`)."""
 
-    __slots__ = ("_done", "_fn", "_stats", "_then", "error", "result")
+    __slots__ = ("_done", "_finished", "_fn", "_stats", "_then", "error", "result")
 
     def __init__(self, fn: Callable[[], object]):
         self._fn = fn
@@ -51,6 +51,7 @@ class Job:
         self.result = None
         self.error: BaseException | None = None
         self._then: list = []
+        self._finished = False  # then() runs at once from here on
 
     def run(self) -> None:
         try:
@@ -60,15 +61,16 @@ class Job:
             self.error = e
         self._fn = None  # drop the call's tensors
         with _then_lock:
-            self._done.set()
+            self._finished = True
             then, self._then = self._then, []
-        for fn in then:
+        for fn in then:  # before the job counts as done: a future is complete when wait() returns
             fn(self)
+        self._done.set()
 
     def then(self, fn: Callable[["Job"], None]) -> None:
         """Run `fn(job)` once the job is done (now, if it is)."""
         with _then_lock:
-            if not self._done.is_set():
+            if not self._finished:
                 self._then.append(fn)
                 return
         fn(self)

@@ -148,8 +148,11 @@ def as_work(pending, result, device: torch.device, then: Callable[[], None] | No
             then()
 
     own = getattr(pending, "_future", None) if then is None else None
-    work = PendingWork(finish, done=getattr(pending, "_completion", None), future=own)
-    if own is None:  # complete it at wait(), with the result (on CUDA: the waiting stream's events)
+    if own is not None:  # the handle's future (its failure included), completed with `result`
+        work = PendingWork(finish, done=getattr(pending, "_completion", None),
+                           future=lambda: own().then(lambda fut: (fut.value(), result)[1]))
+    else:  # complete it at wait(), with the result (on CUDA: the waiting stream's events)
+        work = PendingWork(finish, done=getattr(pending, "_completion", None))
         work._future = lambda: (work.wait(), completed(result, device).get_future())[1]
     return work
 
