@@ -99,15 +99,20 @@ class Call:
         self.pg = _pg.group_object(group)
         self.device = message.device
         mode = check_mode(check)
-        self.exchange = mode != "never" and self.p > 1 and (
-            mode == "always" or not STATE.agreements.has((self.pg, self.signature)))
+        self.mode = mode if self.p > 1 else "never"
 
     def agree(self) -> None:
-        """Run the rank-agreement exchange if this call needs one (see the module docstring): a
-        process-group call, so it runs in the group's order with the call's own (`_driver`)."""
-        if self.exchange:
+        """Run the rank-agreement exchange if this call needs one (see the module docstring). A
+        process-group call, so it runs in the group's order with the call's own (`_driver`), and
+        so does the decision: whether an earlier call of the signature agreed is asked when this
+        one runs, which on CPU may be on the group's worker after earlier async calls, in the
+        same order on every rank."""
+        if self.mode == "never":
+            return
+        key = (self.pg, self.signature)
+        if self.mode == "always" or not STATE.agreements.has(key):
             _pg.agree(self.kind, self.signature, self.device, self.group)
-            STATE.agreements.put((self.pg, self.signature), None, self.pg)
+            STATE.agreements.put(key, None, self.pg)
 
 
 def member(group) -> bool:
@@ -140,8 +145,8 @@ def collective(shape, tensors: tuple, group, config, op: str, async_op: bool, mi
         return _native(shape, call, tensors, op, async_op)
     src, dst, copy_back = shape.flats(tensors)
     plan = _plan.plan_for(call, shape, src, dst)
-    work = _driver.issue(plan, src, dst, call.seq, group, call.pg, async_op, call.agree if call.exchange else None,
-                         copy_back)
+    work = _driver.issue(plan, src, dst, call.seq, group, call.pg, async_op,
+                         None if call.mode == "never" else call.agree, copy_back)
     _steady.remember(key, call, plan, tensors, config)
     return work
 
