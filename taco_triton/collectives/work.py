@@ -186,16 +186,24 @@ class WaitAll(dist.Work):
 
 
 class Counted:
-    """`work`, whose `wait()` also adds the bytes this rank hands to the process group while
-    finishing it (`WireStats`) to `stats.wire_bytes`; everything else is `work`'s own."""
+    """`work`, whose `wait()` also adds to `stats.wire_bytes` the bytes this rank hands to the
+    process group while finishing it (`WireStats`), and those recorded into `issued` (the
+    `WireStats` open when the work was issued) since `counted` of them were counted: an async
+    call on CPU hands its bytes to the process group from its group's worker thread, into the
+    `WireStats` open at its issue, until it is done. Everything else is `work`'s own."""
 
-    def __init__(self, work, stats):
+    def __init__(self, work, stats, issued=None, counted: float = 0.0):
         self._work, self._stats = work, stats
+        self._issued, self._counted = issued, counted
 
     def wait(self, timeout=None):
         with WireStats() as ws:
             out = self._work.wait()
         self._stats.wire_bytes += ws.wire_bytes
+        if self._issued is not None:  # once: later waits find nothing new
+            total = self._issued.wire_bytes
+            self._stats.wire_bytes += total - self._counted
+            self._counted = total
         return out
 
     def __getattr__(self, name: str):
