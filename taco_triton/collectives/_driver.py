@@ -114,6 +114,18 @@ def issue(plan, src: torch.Tensor, dst: torch.Tensor, seq: int, group, pg, async
     rank agreement of a first call); `copy_back` receives `dst` at the end (a non-contiguous
     output)."""
     device = plan.device
+    if not async_op:
+        def call():
+            if before is not None:
+                before()
+            record = run(plan, src, dst, seq, group)
+            if copy_back is not None:
+                copy_back.copy_(dst.view_as(copy_back))
+            return record
+
+        # the caller's thread and stream (the common case); on CPU behind the group's queued async calls
+        worker = None if _streams.on_streams(device) else _worker.running(pg)
+        return _errors.finish_call(plan, device, False, call() if worker is None else worker.run(call))
 
     def after():
         if copy_back is not None:
@@ -122,19 +134,7 @@ def issue(plan, src: torch.Tensor, dst: torch.Tensor, seq: int, group, pg, async
     if _streams.on_streams(device):
         if before is not None:
             before()
-        if async_op:
-            return _cuda_async(plan, src, dst, seq, group, after, copy_back)
-        record = run(plan, src, dst, seq, group)
-        after()
-        return _errors.finish_call(plan, device, False, record)
-    if not async_op:
-        def call():
-            if before is not None:
-                before()
-            record = run(plan, src, dst, seq, group)
-            after()
-            return record
-        return _errors.finish_call(plan, device, False, _worker.in_order(pg, call, False))
+        return _cuda_async(plan, src, dst, seq, group, after, copy_back)
     record, step = plan.begin(src, dst, seq)
 
     def job():

@@ -95,7 +95,7 @@ class Worker:
 
     def __init__(self, name: str):
         self._name = name
-        self._mu = threading.Condition()
+        self._mu = threading.Condition(threading.Lock())
         self._queue: deque = deque()
         self._pending = 0  # jobs queued or running
         self._exec = threading.Lock()  # held by the job or the inline call that runs
@@ -187,11 +187,20 @@ def of(pg) -> Worker:
     return w
 
 
+def running(pg) -> Worker | None:
+    """`pg`'s worker if it has async jobs queued or running, else None (cheap: no worker is made,
+    no lock taken; a call that finds None runs inline, which is in order: on this thread, only a
+    job queued by another thread can have started since, and calls from several threads on one
+    group have no order to keep)."""
+    w = _workers.get(pg)
+    return w if w is not None and w._pending else None
+
+
 def in_order(pg, issue: Callable[[], object], async_op: bool):
     """Issue a call whose own Work (or None) `issue` returns, in `pg`'s order: at once when its
     worker is idle; else as a job, waited for (`async_op` False) or behind a Work that waits for
     the job, then for the Work it issued."""
-    w = _workers.get(pg)
+    w = running(pg)
     if w is None:
         return issue()
     if not async_op:
@@ -207,9 +216,3 @@ def in_order(pg, issue: Callable[[], object], async_op: bool):
             work.wait()
 
     return PendingWork(finish, done=job)
-
-
-def busy(pg) -> bool:
-    """Whether `pg` has async jobs queued or running (cheap: no worker is made)."""
-    w = _workers.get(pg)
-    return w is not None and w._pending > 0
