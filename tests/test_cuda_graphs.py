@@ -86,46 +86,29 @@ STOCHASTIC = taco.CompressionConfig(codec="int4", group_size=32, hadamard=False,
 
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
 @pytest.mark.parametrize("pipeline", [1, 2])
-def test_collective_replays_the_eager_bytes_without_host_sync(one_rank_nccl, kind, pipeline):
-    run, out = _issue(kind, 3 * 8192 + 5, pipeline)
+@pytest.mark.parametrize("async_op", [pytest.param(False, id="sync"), pytest.param(True, id="async")])
+def test_collective_replays_the_eager_bytes_without_host_sync(one_rank_nccl, kind, pipeline, async_op):
+    """Async: the communication stream forks from the capturing stream and `wait()` joins it
+    back; eager and replayed, the same bytes as the synchronous call."""
+    n = 3 * 8192 + 5
+    run, out = _issue(kind, n, pipeline, async_op=async_op)
     run()  # first call: plan, tables, compilation
     torch.cuda.synchronize()
     with no_sync():
         run()  # steady state, eager
     torch.cuda.synchronize()
     eager = out.clone()
+    if async_op:
+        sync, want = _issue(kind, n, pipeline)
+        sync()
+        torch.cuda.synchronize()
+        assert torch.equal(eager.view(torch.int16), want.view(torch.int16))
     graph = _captured(run)
     out.zero_()
     with no_sync():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
-    taco.check_errors()
-
-
-@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
-def test_async_collective_is_captured_and_replays_the_synchronous_bytes(one_rank_nccl, kind):
-    """The async schedule inside a capture: the communication stream forks from the capturing
-    stream and `wait()` joins it back; eager and replayed, the same bytes as the synchronous
-    call, with no host synchronization."""
-    n = 3 * 8192 + 5
-    sync, out = _issue(kind, n, 2)
-    sync()
-    torch.cuda.synchronize()
-    want = out.clone()
-    run, out = _issue(kind, n, 2, async_op=True)
-    run()  # the async signature's first call
-    torch.cuda.synchronize()
-    with no_sync():
-        run()
-    torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
-    graph = _captured(run)
-    out.zero_()
-    with no_sync():
-        graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     taco.check_errors()
 
 
