@@ -21,8 +21,13 @@ QUICK = DELAY / 3
 
 
 @pytest.fixture(scope="module")
-def late():
-    return run_ranks(cases.late_peer, 2, DELAY, pg_timeout_s=30, timeout_s=240)
+def reports():
+    return run_ranks(cases.session, 2, DELAY, pg_timeout_s=30, timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def late(reports):
+    return [r["late"] for r in reports]
 
 
 def test_async_calls_return_before_a_late_peer_arrives(late):
@@ -39,14 +44,14 @@ def test_async_results_are_the_synchronous_bits_within_the_bound(late):
         assert r["err"] <= r["bound"], (r["err"], r["bound"])
 
 
-def test_calls_waited_in_opposite_orders_pair_up_and_raise_their_own_errors():
+def test_calls_waited_in_opposite_orders_pair_up_and_raise_their_own_errors(reports):
     """Rank 0 waits c, b, a; rank 1 a, b, c (rank 1 late, so nothing is done at issue). b and c
     (one plan, tags that differ between the ranks) each raise at their own wait, again at every
     later wait; a is right; nothing is left for a later call or `check_errors`. Before: the calls
     returned only once the late rank had joined."""
-    reports = run_ranks(cases.opposite_orders, 2, DELAY, pg_timeout_s=30, timeout_s=240)
-    assert reports[0]["issue"] < QUICK, reports[0]["issue"]
-    for r in reports:
+    orders = [r["orders"] for r in reports]
+    assert orders[0]["issue"] < QUICK, orders[0]["issue"]
+    for r in orders:
         assert r["raised"] == {"a": False, "b": True, "c": True}, r
         assert r["calls"]["c"] == r["calls"]["b"] + 1, r["calls"]  # each its own call's error
         assert all(r["again"].values()), r["again"]
@@ -55,8 +60,8 @@ def test_calls_waited_in_opposite_orders_pair_up_and_raise_their_own_errors():
 
 
 @pytest.fixture(scope="module")
-def schedule():
-    return run_ranks(cases.cuda_schedule, 2, pg_timeout_s=30, timeout_s=240)
+def schedule(reports):
+    return [r["schedule"] for r in reports]
 
 
 @pytest.mark.parametrize("kind, tensors", [pytest.param("all_reduce", 1, id="all_reduce-pipeline2"),
