@@ -93,16 +93,15 @@ def graph_seeds(device: torch.device) -> bool:
     return device.type == "cuda" and capturing()
 
 
-def completion(device: torch.device, stream=None):
-    """What tells the host the work queued so far on `stream` (default: the current one) of
-    `device` is done: None on CPU (done at once), a recorded event, or `IN_GRAPH` while a CUDA
-    graph is being captured."""
+def completion(device: torch.device):
+    """What tells the host the work queued so far on the current stream of `device` is done: None
+    on CPU (done at once), a recorded event, or `IN_GRAPH` while a CUDA graph is being captured."""
     if not on_streams(device):
         return None
     if capturing():
         return IN_GRAPH
     ev = event()
-    record(ev, current(device) if stream is None else stream)
+    record(ev, current(device))
     return ev
 
 
