@@ -94,8 +94,12 @@ class Pending:
         return True
 
     def is_completed(self) -> bool:
-        """True once the work is done (asked without waiting), or `wait()` has returned
-        successfully; False for a handle that failed."""
+        """Whether the work is done, asked without waiting.
+
+        Returns:
+            True once the call's work is complete (its end event on CUDA, its job on CPU) or
+            `wait()` has returned successfully; False for a handle that failed.
+        """
         if self._error is not None:
             return False
         done = self._completion
@@ -104,13 +108,22 @@ class Pending:
         return done.query()
 
     def is_success(self) -> bool:
-        """As `is_completed` (torch's older Work API)."""
+        """As `is_completed` (torch's older Work API).
+
+        Returns:
+            What `is_completed()` returns.
+        """
         return self.is_completed()
 
     def get_future(self) -> torch.futures.Future:
-        """A future that completes with the operation's output tensors when it is done (on CUDA
-        carrying the end of its work as torch's futures do: waiting on it orders the current
-        stream after it)."""
+        """A future of the operation, as torch's Work gives.
+
+        Returns:
+            A ``torch.futures.Future`` that completes with the operation's output tensors when
+            it is done (on CUDA carrying the end of its work as torch's futures do: waiting on
+            it orders the current stream after it); one without a result of its own (a native
+            call) completes with None once `wait()` has run, which this call does.
+        """
         if self._future is not None:
             return self._future()
         self.wait()
