@@ -198,8 +198,18 @@ run_step "$GPU" pytest 170 30 pytest.log -- env TACO_TEST_DEVICE=cuda "$PY" -m p
 #     torch.cuda.set_sync_debug_mode("error")), on a one-rank NCCL group with
 #     TACO_TRITON_COMPRESS_SINGLE_RANK=1 set by the tests; and two replays of a stochastic
 #     all_reduce and p2p message round differently (fresh seeds per replay: its own kernels
-#     to compile, hence 150 s). Appended to pytest.log.
+#     to compile, hence 150 s); async collectives captured too (the communication stream forked
+#     and joined inside the capture). Appended to pytest.log.
 run_step "$GPU" cuda_graphs 150 30 pytest.log -- env TACO_TEST_DEVICE=cuda "$PY" -m pytest tests/test_cuda_graphs.py \
+  -q -x -rs -p no:cacheprovider
+# ---------------------------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------------------------
+# 2b'. Async overlap: a 64 MiB async compressed all_reduce issued before a GEMM of about its
+#     duration on the current stream takes at most 1.2x the longer of the two alone (one-rank
+#     NCCL group; device time, measured while the host has issued everything). The times are in
+#     the assertion message of a failure. Appended to pytest.log.
+run_step "$GPU" async_overlap 90 30 pytest.log -- env TACO_TEST_DEVICE=cuda "$PY" -m pytest tests/test_gpu_overlap.py \
   -q -x -rs -p no:cacheprovider
 # ---------------------------------------------------------------------------------------------
 

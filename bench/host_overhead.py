@@ -23,6 +23,7 @@ calls stubbed too (what our code costs around its launches, c10d's issue cost le
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402 - after TRITON_INTERPRET is set
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
-COLUMNS = ["what", "world_size", "pipeline", "numel", "launches_per_call", "host_reads_per_call", "host_us",
+COLUMNS = ["what", "mode", "world_size", "pipeline", "numel", "launches_per_call", "host_reads_per_call", "host_us",
            "tiny_op_us", "ratio_to_tiny_op", "us_per_launch", "host_us_without_pg", "launch_ratio_to_tiny_op",
            "machine", "torch_version", "git_commit", "date"]
 
@@ -87,7 +88,7 @@ def codec_rows(numel: int, calls: int, repeats: int) -> list[dict]:
     rows = []
     for what, fn in fns.items():
         launches, reads = _counted(fn)
-        rows.append({"what": what, "world_size": 1, "pipeline": 0, "numel": numel, "launches_per_call": launches,
+        rows.append({"what": what, "mode": "sync", "world_size": 1, "pipeline": 0, "numel": numel, "launches_per_call": launches,
                      "host_reads_per_call": reads, "host_us": _timed(fn, calls, repeats)})
     return rows
 
@@ -98,19 +99,41 @@ def _stubbed():
     return audit(stub_kernels=True, ops=False)
 
 
-def _issue(kind: str, p: int, pipeline: int, per_rank: int):
+def _issue(kind: str, p: int, pipeline: int, per_rank: int, async_op: bool):
     import taco_triton as taco
 
     n = per_rank * p
-    kw = {"min_bytes": 0, "backend": "triton", "pipeline": pipeline, "async_op": True, "check": False}
+    kw = {"min_bytes": 0, "backend": "triton", "pipeline": pipeline, "async_op": async_op, "check": False}
     if kind == "all_reduce":
         x = torch.ones(n, dtype=torch.bfloat16)
-        return lambda: taco.all_reduce(x, **kw).wait()
-    if kind == "reduce_scatter":
+        call = lambda: taco.all_reduce(x, **kw)  # noqa: E731
+    elif kind == "reduce_scatter":
         out, inp = torch.empty(per_rank, dtype=torch.bfloat16), torch.ones(n, dtype=torch.bfloat16)
-        return lambda: taco.reduce_scatter(out, inp, **kw).wait()
-    out, shard = torch.empty(n, dtype=torch.bfloat16), torch.ones(per_rank, dtype=torch.bfloat16)
-    return lambda: taco.all_gather(out, shard, **kw).wait()
+        call = lambda: taco.reduce_scatter(out, inp, **kw)  # noqa: E731
+    else:
+        out, shard = torch.empty(n, dtype=torch.bfloat16), torch.ones(per_rank, dtype=torch.bfloat16)
+        call = lambda: taco.all_gather(out, shard, **kw)  # noqa: E731
+    if async_op:
+        return lambda: call().wait()
+    return call
+
+
+#: How each collective row is issued: synchronous; async and waited (on CPU tensors the group's
+#: worker thread runs it); async and waited on the CUDA schedule, its stream and event calls
+#: replaced by recording fakes (`host_audit.fake_streams`), so the host cost of that schedule's
+#: bookkeeping is timed on CPU (a real CUDA event record or stream wait adds a few us each).
+MODES = ("sync", "async", "async-cuda-schedule")
+
+
+def _schedule(mode: str):
+    """The context a row of `mode` runs in (None: not available in this checkout)."""
+    import contextlib
+
+    if mode != "async-cuda-schedule":
+        return contextlib.nullcontext()
+    from taco_triton import host_audit
+
+    return host_audit.fake_streams()
 
 
 class _Done:
@@ -141,15 +164,19 @@ def collective_rows(worlds, pipelines, per_rank: int, calls: int, repeats: int) 
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from taco_triton import host_audit
+
+    modes = [m for m in MODES if m != "async-cuda-schedule" or hasattr(host_audit, "fake_streams")]
     rows = []
     for p in worlds:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=p)
         try:
-            for kind in KINDS:
-                for pipeline in pipelines:
-                    fn = _issue(kind, p, pipeline, per_rank)
+            for kind, pipeline, mode in itertools.product(KINDS, pipelines, modes):
+                fn = _issue(kind, p, pipeline, per_rank, mode != "sync")
+                with _schedule(mode):
                     launches, reads = _counted(fn)
-                    rows.append({"what": kind, "world_size": p, "pipeline": pipeline, "numel": per_rank * p,
+                    rows.append({"what": kind, "mode": mode, "world_size": p, "pipeline": pipeline,
+                                 "numel": per_rank * p,
                                  "launches_per_call": launches, "host_reads_per_call": reads,
                                  "host_us": _timed(fn, calls, repeats)})
                     with _no_process_group():
@@ -207,7 +234,7 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"host_overhead: cannot write {args.csv}: {e}", file=sys.stderr)
         return 2
-    cols = ["what", "world_size", "pipeline", "launches_per_call", "host_reads_per_call", "host_us",
+    cols = ["what", "mode", "world_size", "pipeline", "launches_per_call", "host_reads_per_call", "host_us",
             "ratio_to_tiny_op", "us_per_launch", "host_us_without_pg", "launch_ratio_to_tiny_op"]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"tiny op: {df['tiny_op_us'].iloc[0]:.2f} us; written {args.csv}")

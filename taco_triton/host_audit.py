@@ -115,3 +115,109 @@ def _interpreted_function():
     except ImportError:  # no triton: nothing to count
         return None
     return InterpretedFunction
+
+
+class FakeStream:
+    """A recording stand-in for a CUDA stream (`fake_streams`): the events recorded on it and
+    waited for by it, in order."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.recorded: list = []
+        self.waited: list = []
+
+    def __repr__(self) -> str:
+        return f"FakeStream({self.name})"
+
+
+class FakeEvent:
+    """A recording stand-in for a CUDA event: the stream it was recorded on and when (`at`, an
+    index into `StreamLog.log`). Complete at once (the work it stands for ran on the host)."""
+
+    def __init__(self):
+        self.stream = None
+        self.at = -1
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+@dataclass
+class StreamLog:
+    """What ran under `fake_streams`: `caller` and `comm` streams, and `log`, in order, of
+    ("record", stream, event), ("wait", stream, event), ("launch", stream, kernel name, tensors),
+    ("record_stream", stream, tensor) and ("use", stream) entries."""
+
+    caller: FakeStream = field(default_factory=lambda: FakeStream("caller"))
+    comm: FakeStream = field(default_factory=lambda: FakeStream("comm"))
+    log: list = field(default_factory=list)
+    stack: list = field(default_factory=list)
+
+    @property
+    def current(self) -> FakeStream:
+        return self.stack[-1] if self.stack else self.caller
+
+
+@contextlib.contextmanager
+def fake_streams():
+    """Drive the collectives' CUDA stream schedule on CPU tensors: inside the block the one module
+    through which the collectives touch streams and events (`taco_triton.collectives._streams`)
+    answers with recording fakes (`StreamLog`), and every Triton launch (interpreter) is logged
+    with the stream current when it was made. For tests of the schedule and for timing its host
+    bookkeeping (a real event record or stream wait costs a few microseconds more each)."""
+    from .collectives import _streams
+
+    log = StreamLog()
+
+    def record(ev, stream):
+        ev.stream, ev.at = stream, len(log.log)
+        stream.recorded.append(ev)
+        log.log.append(("record", stream, ev))
+
+    def wait_event(stream, ev):
+        stream.waited.append(ev)
+        log.log.append(("wait", stream, ev))
+
+    @contextlib.contextmanager
+    def use(stream):
+        log.stack.append(stream)
+        log.log.append(("use", stream))
+        try:
+            yield
+        finally:
+            log.stack.pop()
+
+    fakes = {
+        "on_streams": lambda device: True,
+        "current": lambda device: log.current,
+        "comm": lambda device: log.comm,
+        "event": FakeEvent,
+        "record": record,
+        "wait_event": wait_event,
+        "use": use,
+        "record_stream": lambda tensor, stream: log.log.append(("record_stream", stream, tensor)),
+        "capturing": lambda: False,
+        "synchronize": lambda: None,
+    }
+    saved = {name: getattr(_streams, name) for name in fakes}
+    interp = _interpreted_function()
+    run = interp.run if interp is not None else None
+    if interp is not None:
+        def logged(self, *args, **kwargs):
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            log.log.append(("launch", log.current, getattr(self.fn, "__name__", "kernel"), tensors))
+            return interp_run(self, *args, **kwargs)
+        interp_run = run
+        interp.run = logged
+    for name, fake in fakes.items():
+        setattr(_streams, name, fake)
+    try:
+        yield log
+    finally:
+        for name, orig in saved.items():
+            setattr(_streams, name, orig)
+        if interp is not None:
+            interp.run = run

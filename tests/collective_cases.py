@@ -325,8 +325,10 @@ def _soak_data(gen, n, dtype, view):
 
 
 def _soak_issue(spec, rank, world, gen):
-    """(work, result tensor, native result, bound) for one collective issued async; the native
-    collective runs first on copies so both see the same inputs."""
+    """(issue, result tensor, native result, bound) for one collective: `issue()` issues it async
+    and returns its work; the native collective runs here, on copies, so both see the same inputs
+    (before any call of the batch is issued: a call made directly on the group while async
+    compressed work is in flight on it is not ordered with that work)."""
     n, dtype = spec["n"], spec["dtype"]
     kw = dict(config=spec["cfg"], min_bytes=0 if spec["compress"] else 1 << 40, pipeline=spec["pipeline"], async_op=True)
     compressed = spec["compress"] and dtype.is_floating_point
@@ -338,7 +340,7 @@ def _soak_issue(spec, rank, world, gen):
         if spec["op"] == "avg":
             want.div_(world)
         bound = two_quantization_bound(inputs, spec["cfg"], dtype, spec["op"]) if compressed and n else 0.0
-        return taco.all_reduce(x, op=spec["op"], **kw), x, want, bound
+        return (lambda: taco.all_reduce(x, op=spec["op"], **kw)), x, want, bound
     shard = _soak_data(gen, n, dtype, False)
     if spec["kind"] == "all_gather":
         out = torch.empty(world * n, 2, dtype=dtype)[:, 0] if spec["view"] else torch.empty(world * n, dtype=dtype)
@@ -348,7 +350,7 @@ def _soak_issue(spec, rank, world, gen):
             want = torch.cat([taco.decompress(taco.compress(s, spec["cfg"], backend="torch"), backend="torch")
                               for s in _gather_all(shard, world)])
         kw.pop("op", None)
-        return taco.all_gather(out, shard, **kw), out, want, 0.0
+        return (lambda: taco.all_gather(out, shard, **kw)), out, want, 0.0
     inp = _soak_data(gen, world * n, dtype, False)
     out = torch.empty(n, 2, dtype=dtype)[:, 0] if spec["view"] else torch.empty(n, dtype=dtype)
     want = torch.empty(n, dtype=dtype)
@@ -362,7 +364,7 @@ def _soak_issue(spec, rank, world, gen):
             piece = t[rank * n : (rank + 1) * n].contiguous()
             bound += scale * bounds.l2_error_bound(piece, taco.compress(piece, spec["cfg"], backend="torch"), torch.float32)
         bound += float(want.double().norm()) * (torch.finfo(dtype).eps + world * 2.0**-22)
-    return taco.reduce_scatter(out, inp, op=spec["op"], **kw), out, want, bound
+    return (lambda: taco.reduce_scatter(out, inp, op=spec["op"], **kw)), out, want, bound
 
 
 def soak(rank: int, world: int, n_ops: int, seed: int) -> dict:
@@ -378,6 +380,7 @@ def soak(rank: int, world: int, n_ops: int, seed: int) -> dict:
     while done < n_ops:
         batch = [_soak_op(shared, world) for _ in range(shared.randint(1, 3))]
         issued = [_soak_issue(spec, rank, world, gen) for spec in batch]
+        issued = [(issue(), got, want, bound) for issue, got, want, bound in issued]
         order = list(range(len(batch)))
         mine.shuffle(order)
         for i in order:

@@ -168,26 +168,32 @@ class _Event:
 
 
 def in_flight(rank: int) -> dict:
-    """The CUDA rules of the error records, on CPU: each call's work is reported complete only
-    when its stand-in event says so (the kernels have written the records already)."""
+    """The CUDA rules of the error records, on CPU: the CUDA schedule driven with recording fake
+    streams (`host_audit.fake_streams`) whose events report a call's work complete only when
+    told (the kernels have written the records already). An async call's work is complete at its
+    end event (recorded on the communication stream), a synchronous call's at its completion
+    event on the caller's stream."""
     from taco_triton.collectives import _streams
+    from taco_triton.host_audit import fake_streams
 
     out = {}
     kw = {"min_bytes": 0, "backend": "triton", "check": False}
     events = []
 
-    def event(device):
+    def event():
         events.append(_Event())
         return events[-1]
 
-    saved = _streams.completion
-    _streams.completion = event
-    try:
+    with fake_streams() as log:
+        _streams.event = event  # restored by fake_streams
         # two mismatching async calls of one plan in flight, then a good call that completes
         xs = [torch.ones(300, dtype=torch.bfloat16) for _ in range(2)]
         for x in xs:
             taco.all_reduce(x, config=MISMATCH[rank], async_op=True, **kw)
-        first, second = events
+        first, second = [e for e in events if getattr(e, "stream", None) is log.comm]  # the end events
+        for e in events:
+            if e not in (first, second):
+                e.done = True  # the forks and the synchronous calls' events
         good = torch.ones(600, dtype=torch.bfloat16)
         out["flight_good"] = _outcome(lambda: taco.all_reduce(good, config=PLAIN, **kw))
         first.done = True  # the first call completes: a later call may read its record, not raise it
@@ -200,8 +206,6 @@ def in_flight(rank: int) -> dict:
         events[0].done = True
         out["flight_sync_later"] = _failure(lambda: taco.all_reduce(good, config=PLAIN, **kw))
         out["flight_sync_check"] = _outcome(taco.check_errors)
-    finally:
-        _streams.completion = saved
     return out
 
 

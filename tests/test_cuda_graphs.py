@@ -39,24 +39,31 @@ def no_sync():
         torch.cuda.set_sync_debug_mode(0)
 
 
-def _issue(kind, n, pipeline, config=None):
+def _issue(kind, n, pipeline, config=None, async_op=False):
+    """(run, out): `run()` issues the collective (async: and waits for it, which inside a capture
+    joins the communication stream back into the capturing one)."""
     g = torch.Generator(device="cuda").manual_seed(7)
-    kw = {"min_bytes": 0, "pipeline": pipeline, "config": config}
+    kw = {"min_bytes": 0, "pipeline": pipeline, "config": config, "async_op": async_op}
+
+    def waited(work):
+        if work is not None:
+            work.wait()
+
     if kind == "all_reduce":
         src = torch.randn(n, device="cuda", generator=g).bfloat16()
         x = torch.empty_like(src)
 
         def run():
             x.copy_(src)
-            taco.all_reduce(x, **kw)
+            waited(taco.all_reduce(x, **kw))
         return run, x
     if kind == "reduce_scatter":
         inp = torch.randn(n, device="cuda", generator=g).bfloat16()
         out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
-        return (lambda: taco.reduce_scatter(out, inp, **kw)), out
+        return (lambda: waited(taco.reduce_scatter(out, inp, **kw))), out
     shard = torch.randn(n, device="cuda", generator=g).bfloat16()
     out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
-    return (lambda: taco.all_gather(out, shard, **kw)), out
+    return (lambda: waited(taco.all_gather(out, shard, **kw))), out
 
 
 def _captured(run):
@@ -79,14 +86,23 @@ STOCHASTIC = taco.CompressionConfig(codec="int4", group_size=32, hadamard=False,
 
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
 @pytest.mark.parametrize("pipeline", [1, 2])
-def test_collective_replays_the_eager_bytes_without_host_sync(one_rank_nccl, kind, pipeline):
-    run, out = _issue(kind, 3 * 8192 + 5, pipeline)
+@pytest.mark.parametrize("async_op", [pytest.param(False, id="sync"), pytest.param(True, id="async")])
+def test_collective_replays_the_eager_bytes_without_host_sync(one_rank_nccl, kind, pipeline, async_op):
+    """Async: the communication stream forks from the capturing stream and `wait()` joins it
+    back; eager and replayed, the same bytes as the synchronous call."""
+    n = 3 * 8192 + 5
+    run, out = _issue(kind, n, pipeline, async_op=async_op)
     run()  # first call: plan, tables, compilation
     torch.cuda.synchronize()
     with no_sync():
         run()  # steady state, eager
     torch.cuda.synchronize()
     eager = out.clone()
+    if async_op:
+        sync, want = _issue(kind, n, pipeline)
+        sync()
+        torch.cuda.synchronize()
+        assert torch.equal(eager.view(torch.int16), want.view(torch.int16))
     graph = _captured(run)
     out.zero_()
     with no_sync():

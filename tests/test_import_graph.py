@@ -159,7 +159,7 @@ def test_the_flow_runs_one_way(lower, upper):
 COLLECTIVES_LAYERS = [
     ["_state", "_streams", "_pg"],
     ["work"],
-    ["_errors", "_handshake"],
+    ["_errors", "_handshake", "_worker"],
     ["_shapes"],
     ["_plan"],
     ["_driver"],

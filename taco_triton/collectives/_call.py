@@ -16,7 +16,7 @@ import torch.distributed as dist
 from .. import ops
 from ..config import INPUT_DTYPES, CompressionConfig
 from ..env import check_mode, compress_single_rank
-from . import _driver, _errors, _pg, _plan, _steady
+from . import _driver, _pg, _plan, _steady, _streams, _worker
 from ._state import STATE
 
 DEFAULT_MIN_BYTES = 1 << 20
@@ -97,12 +97,22 @@ class Call:
         # the group object itself: a default group re-created after destroy_process_group is a new
         # one, whose agreements and plans (which hold P and the rank) start afresh
         self.pg = _pg.group_object(group)
+        self.device = message.device
         mode = check_mode(check)
-        if mode != "never" and self.p > 1:
-            key = (self.pg, self.signature)
-            if mode == "always" or not STATE.agreements.has(key):
-                _pg.agree(kind, self.signature, message.device, group)
-                STATE.agreements.put(key, None, self.pg)
+        self.mode = mode if self.p > 1 else "never"
+
+    def agree(self) -> None:
+        """Run the rank-agreement exchange if this call needs one (see the module docstring). A
+        process-group call, so it runs in the group's order with the call's own (`_driver`), and
+        so does the decision: whether an earlier call of the signature agreed is asked when this
+        one runs, which on CPU may be on the group's worker after earlier async calls, in the
+        same order on every rank."""
+        if self.mode == "never":
+            return
+        key = (self.pg, self.signature)
+        if self.mode == "always" or not STATE.agreements.has(key):
+            _pg.agree(self.kind, self.signature, self.device, self.group)
+            STATE.agreements.put(key, None, self.pg)
 
 
 def member(group) -> bool:
@@ -132,11 +142,23 @@ def collective(shape, tensors: tuple, group, config, op: str, async_op: bool, mi
     shape.check(tensors, group)
     call = Call(shape.kind, tensors, group, config, op, min_bytes, pipeline, check, backend)
     if not call.compress or (call.p == 1 and not compress_single_rank()):
-        return shape.native(tensors, group, op, call.p, async_op)
+        return _native(shape, call, tensors, op, async_op)
     src, dst, copy_back = shape.flats(tensors)
     plan = _plan.plan_for(call, shape, src, dst)
-    record = _driver.run(plan, src, dst, call.seq, group)
-    if copy_back is not None:
-        copy_back.copy_(dst.view_as(copy_back))
+    work = _driver.issue(plan, src, dst, call.seq, group, call.pg, async_op,
+                         None if call.mode == "never" else call.agree, copy_back)
     _steady.remember(key, call, plan, tensors, config)
-    return _errors.finish_call(plan, dst.device, async_op, record)
+    return work
+
+
+def _native(shape, call: Call, tensors: tuple, op: str, async_op: bool):
+    """The native collective (and the agreement before it), in the group's order: on CPU behind
+    the group's queued async calls (`_worker`), if any."""
+
+    def issue():
+        call.agree()
+        return shape.native(tensors, call.group, op, call.p, async_op)
+
+    if _streams.on_streams(call.device):
+        return issue()
+    return _worker.in_order(call.pg, issue, async_op)

@@ -3,28 +3,43 @@
 What each stage computes is the shape's (`_shapes`) and the plan's (`_plan.*.begin`: the codec
 steps bound to the call's tensors); what moves between stages is the shape's process-group call
 (`Stage.comm`). This module decides only when each (stage, slice) step runs, where, and when it
-waits, in one function (`run`) that a different schedule replaces:
+waits (`issue`):
 
-Today's schedule, decided: everything runs now, on the calling thread, and the codec on the
-caller's current stream. The message is cut into `pipeline` slices; the steps run in `order`:
-slice k+1 is compressed and its communication issued before slice k waits for its own and moves
-to the next stage, so compression of one slice overlaps the communication of the previous (async
-process-group work; on GPUs NCCL runs on its own stream). A stage waits (`Work.wait()`, which on
-CUDA orders the current stream after the communication, with no host sync) for its slice's
-communication before it runs. Collectives are issued in the same order on every rank, driven
-from the calling thread, so concurrent collectives on a group can never interleave differently
-across ranks; and a call's process-group work is all waited on when it returns, which is what
-makes reusing its wire buffers safe (`TritonPlan.buffers`).
+The steps (`run`): the message is cut into `pipeline` slices; the steps run in `order`: slice k+1
+is compressed and its communication issued before slice k waits for its own and moves to the next
+stage, so compression of one slice overlaps the communication of the previous. A stage waits
+(`Work.wait()`: on CUDA it orders the current stream after the communication, with no host sync)
+for its slice's communication before it runs.
 
-Why not a side stream for the codec: NCCL already moves slice k on its own stream while the
-current stream compresses slice k+1 and reduces slice k-1 (c10d orders the two with events). By
-the compile-time model (bench/aot.py) the codec runs at memory speed: a 16 MiB bf16 compress is
-a few microseconds of H200 time against tens of microseconds for NVLink to move the slice, so a
-side stream could hide at most those few microseconds of compute-stream time, while costing a
-cross-stream event pair per slice, `record_stream` bookkeeping for every buffer, and outputs no
-longer ready in the caller's stream order, which CUDA graph capture and torch's stream semantics
-rely on. What this schedule does not give is an async call that returns before its
-communication is done (the waits above run at issue).
+Where they run (`issue`), one schedule per path:
+
+- synchronous, CUDA: on the calling thread and the caller's current stream, as the steps come;
+  the caller's stream is behind the whole call when it returns (the cheapest on the host).
+- async, CUDA: off the caller's stream. The caller's stream records one event that the device's
+  communication stream (`_streams.comm`, one per device) waits on; every step runs with that
+  stream current (the kernels, and the process-group calls, so NCCL orders itself after it and
+  the steps' `wait()` make that stream, not the host, wait); one end event is recorded on it.
+  The caller's stream has waited on nothing when the call returns; the Work's `wait()` makes the
+  waiting stream wait for the end event (one wait). The caller's tensors are `record_stream`ed on
+  the communication stream, so the allocator keeps their memory until it is done with them. Under
+  CUDA graph capture the same fork and join are captured (the Work's `wait()` inside the capture
+  joins the communication stream back).
+- CPU (gloo): an async call is one job of its group's worker thread (`_worker`), which runs the
+  group's calls first-in, first-out, and returns at once; a synchronous call runs inline when the
+  worker is idle, else as a job waited for, so every rank issues the group's collectives in the
+  same order whatever order its Works are waited in.
+
+Calls are issued in the same order on every rank, from the calling thread (CUDA) or the group's
+worker (CPU), so collectives on a group never interleave differently across ranks. Wire buffers
+are reused by the calls of one (thread, stream) (`Plan.buffers`): on CUDA every step of a call runs
+on one stream and waits for its own communication there, so the next call on that stream runs
+after all of it; on CPU a call's steps are done when it ends and the worker runs one at a time.
+
+Why the codec of one call is not spread over more streams: NCCL already moves slice k on its own
+stream while the codec stream compresses slice k+1 and reduces slice k-1 (c10d orders the two
+with events), and by the compile-time model (bench/aot.py) the codec runs at memory speed, a few
+microseconds of H200 time for a 16 MiB bf16 compress against tens of microseconds for NVLink to
+move the slice.
 """
 from __future__ import annotations
 
@@ -32,7 +47,7 @@ from collections import deque
 
 import torch
 
-from . import _pg
+from . import _errors, _pg, _streams, _worker
 from ._shapes import ALL_GATHER, ALL_TO_ALL
 
 
@@ -68,6 +83,12 @@ def run(plan, src: torch.Tensor, dst: torch.Tensor, seq: int, group):
     calling thread (see the module docstring). Returns the error record the call's kernels write
     (Triton path) or None (the reference path checks its tags as it goes)."""
     record, step = plan.begin(src, dst, seq)
+    steps(plan, step, group)
+    return record
+
+
+def steps(plan, step, group) -> None:
+    """Run every (stage, slice) step of a call bound by `plan.begin` (`step`), in `order`."""
     bufs = plan.buffers()
     schedule = plan.schedule
     if schedule is None:
@@ -84,4 +105,93 @@ def run(plan, src: torch.Tensor, dst: torch.Tensor, seq: int, group):
             work[k] = _pg.all_to_all(b.recv, sent, b.recv_splits, slices[k].strides, group, True)
         elif comm is ALL_GATHER:
             work[k] = _pg.all_gather(b.gathered, sent, group, True, compressed=True)
-    return record
+
+
+def issue(plan, src: torch.Tensor, dst: torch.Tensor, seq: int, group, pg, async_op: bool, before=None,
+          copy_back: torch.Tensor | None = None):
+    """Issue one compressed call on its schedule (see the module docstring) and finish it: the
+    handle (async) or None (sync, its error raised). `before` runs first in the group's order (the
+    rank agreement of a first call); `copy_back` receives `dst` at the end (a non-contiguous
+    output)."""
+    device = plan.device
+    if not async_op:
+        def call():
+            if before is not None:
+                before()
+            record = run(plan, src, dst, seq, group)
+            if copy_back is not None:
+                copy_back.copy_(dst.view_as(copy_back))
+            return record
+
+        # the caller's thread and stream (the common case); on CPU behind the group's queued async calls
+        worker = None if _streams.on_streams(device) else _worker.running(pg)
+        return _errors.finish_call(plan, device, False, call() if worker is None else worker.run(call))
+
+    def after():
+        if copy_back is not None:
+            copy_back.copy_(dst.view_as(copy_back))
+
+    if _streams.on_streams(device):
+        if before is not None:
+            before()
+        return _cuda_async(plan, src, dst, seq, group, after, copy_back)
+    record, step = plan.begin(src, dst, seq)
+
+    def job():
+        if before is not None:
+            before()
+        steps(plan, step, group)
+        after()
+
+    done, result = _worker.of(pg).submit(job), _outputs(dst, copy_back)
+
+    def finish():
+        done.outcome()
+
+    def future():
+        fut = torch.futures.Future()
+        done.then(lambda j: fut.set_exception(j.error) if j.error is not None else fut.set_result(result))
+        return fut
+
+    return _errors.finish_call(plan, device, True, record, done=done, finish=finish, future=future)
+
+
+def _outputs(dst: torch.Tensor, copy_back) -> list:
+    """What an async call's future completes with: the tensor the caller sees written."""
+    return [dst if copy_back is None else copy_back]
+
+
+def _cuda_async(plan, src, dst, seq, group, after, copy_back):
+    """The async CUDA schedule: fork the communication stream from the caller's, run every step
+    there, record the end event (see the module docstring)."""
+    device = plan.device
+    caller, comm = _streams.current(device), _streams.comm(device)
+    fork = _streams.event()
+    _streams.record(fork, caller)
+    _streams.wait_event(comm, fork)
+    capturing = _streams.capturing()
+    with _streams.use(comm):
+        if not capturing:  # a captured graph's memory stays with the graph for its replays
+            for t in {id(t): t for t in (src, dst, copy_back) if t is not None}.values():
+                _streams.record_stream(t, comm)
+        record = run(plan, src, dst, seq, group)
+        after()
+        join = _streams.event()
+        _streams.record(join, comm)
+    result = _outputs(dst, copy_back)
+
+    def finish():  # the waiting stream joins the end event: one wait, no host sync
+        _streams.wait_for(join, device)
+
+    def future():  # completed with the communication stream current: it carries the end of the call
+        if device.type != "cuda":  # the schedule driven on CPU tensors (tests)
+            fut = torch.futures.Future()
+        else:
+            fut = torch.futures.Future(devices=[device if device.index is not None
+                                                else torch.device("cuda", torch.cuda.current_device())])
+        with _streams.use(comm):
+            fut.set_result(result)
+        return fut
+
+    return _errors.finish_call(plan, device, True, record, done=_streams.IN_GRAPH if capturing else join,
+                               finish=finish, future=future)

@@ -4,8 +4,8 @@ by that call (or `check_errors`).
 The receiving kernels check every slot's tag on the device; a mismatch makes the outputs it fed
 NaN and fills the call's own small host-visible error record (`slots.ErrorRecord`, claimed from
 its plan's or p2p message's pool, one per call in flight). The host reads a record only once its
-call's work is complete (CPU: at once; CUDA: its completion event has fired, without waiting for
-it), clears it and gives it back to its owner, so no record is cleared while a kernel may write
+call's work is complete (CPU: at once, or once its worker job is done; CUDA: its completion event,
+the end event of an async call, has fired, without waiting for it), clears it and gives it back to its owner, so no record is cleared while a kernel may write
 it; an error read stays with its call's entry (`Watched`) until it is raised:
 
 - an async call's by its handle's `wait()` (and every later one), never by another call;
@@ -157,20 +157,27 @@ def check_errors() -> None:
         STATE.unreported[0].report()
 
 
-def finish_call(owner, device: torch.device, async_op: bool, record=None):
+#: `finish_call`'s default `done`: the work queued so far on the caller's current stream.
+CURRENT = "the caller's current stream"
+
+
+def finish_call(owner, device: torch.device, async_op: bool, record=None, done=CURRENT, finish=None, future=None):
     """What follows the issue of a compressed call: its error record watched (`record`: the one
-    its kernels write, None on the reference path), then the handle (async) or the error check
-    (sync: None)."""
-    event = _streams.completion(device)
-    entry = None if record is None else watched(owner, record, event, async_op)
+    its kernels write, None on the reference path) until `done` (what completes with the call's
+    work: a `_streams.completion`, a CUDA event, a `_worker.Job`), then the handle (async: its
+    `wait()` runs `finish`, its `get_future()` is `future()`) or the error check (sync: None)."""
+    if done is CURRENT:
+        done = _streams.completion(device)
+    entry = None if record is None else watched(owner, record, done, async_op)
     if not async_op:
         end_of_call(entry)
         return None
     if STATE.unchecked:
         read(list(STATE.unchecked), block=False)  # gives completed calls' records back; raises nothing
 
-    def finish():
-        if event is not None:  # CPU: nothing to wait for
-            _streams.wait_for(event)
+    if finish is None:
+        def finish():
+            if done is not None:  # CPU: nothing to wait for
+                _streams.wait_for(done, device)
 
-    return Pending(finish, entry)
+    return Pending(finish, entry, done=done, future=future)

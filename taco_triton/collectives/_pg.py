@@ -7,6 +7,7 @@ Every byte the collectives hand to torch.distributed goes through the functions 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import struct
 import threading
@@ -115,6 +116,24 @@ def _record(kind: str, buffer_bytes: int, wire_bytes: float, compressed: bool) -
     collective = getattr(_stats, "collective", None) or kind
     for ws in getattr(_stats, "stack", ()):
         ws.calls.append(WireCall(kind, buffer_bytes, wire_bytes, compressed, collective))
+
+
+def stats_context() -> tuple:
+    """The `WireStats` open on this thread and the collective being recorded: what a call that runs
+    on another thread (`_worker`) records into (`stats_restored`)."""
+    stack = getattr(_stats, "stack", None)
+    return (tuple(stack) if stack else (), getattr(_stats, "collective", None))
+
+
+@contextlib.contextmanager
+def stats_restored(context: tuple):
+    """Record into `context` (`stats_context`, taken where the call was issued) on this thread."""
+    saved = (getattr(_stats, "stack", None), getattr(_stats, "collective", None))
+    _stats.stack, _stats.collective = list(context[0]), context[1]
+    try:
+        yield
+    finally:
+        _stats.stack, _stats.collective = saved[0] if saved[0] is not None else [], saved[1]
 
 
 def records_as(collective: str):

@@ -200,18 +200,24 @@ class TritonPlan(Plan):
     def buffers(self) -> list:
         """The wire buffers of this caller, reused across its calls.
 
-        The rule that makes reuse safe: a call waits (in the calling thread, at issue) for every
-        process-group work it started, so on CPU all its work is done when it returns and on CUDA
-        the caller's current stream is ordered after all of it (c10d's wait() orders the stream);
-        the next call's kernels run on that stream after it and its communication is issued after
-        them. So buffers are kept per (thread, current CUDA stream) (`_streams.buffer_key`): a call
-        from another thread or on another stream gets its own set; the oldest set is forgotten
-        beyond `MAX_BUFFER_SETS` (a call in flight keeps its own alive until it finishes). While a
+        The rule that makes reuse safe: buffers are kept per (thread, current CUDA stream)
+        (`_streams.buffer_key`), and every call that uses a set runs all its steps in order on
+        that one stream, waiting there for its own process-group work before the next step
+        (c10d's wait() orders the current stream after the communication), so the next call on
+        the stream runs its kernels and issues its communication after all of it. A synchronous
+        CUDA call runs on the caller's stream and uses that stream's set; an async one runs on
+        the device's communication stream (`_driver`), which is current when its buffers are
+        taken, so they are allocated there and only async calls on that stream reuse them. On
+        CPU a call's work is done when its steps end, and a group's async calls run one at a
+        time on its worker thread (a set of their own: the worker is their thread). A call from
+        another thread or on another stream gets its own set; the oldest set is forgotten
+        beyond `MAX_BUFFER_SETS` (a call in flight keeps its own alive until it finishes: the
+        process group holds what it sends and receives, the steps what they read). While a
         CUDA graph is captured every call gets fresh buffers (from the graph's pool), which
         replays then own.
         """
         # CPU: no stream, no capture (the common case, asked without a call)
-        key = threading.get_ident() if self.device.type != "cuda" else _streams.buffer_key(self.device)
+        key = threading.get_ident() if not _streams.on_streams(self.device) else _streams.buffer_key(self.device)
         if key is None:
             return self._new_buffers()
         bufs = self._buffers.get(key)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..env import check_mode
-from . import _driver, _errors, _pg
+from . import _driver, _pg
 from ._state import STATE
 
 
@@ -37,12 +37,11 @@ class Steady:
         return True  # "always" never gets a Steady; "first" got one after agreeing
 
     def issue(self, src: torch.Tensor, dst: torch.Tensor, async_op: bool):
-        """Issue the call on its plan (see `_driver.run`); the handle (async) or None."""
+        """Issue the call on its plan (see `_driver.issue`); the handle (async) or None."""
         plan = self.plan
         if dst.requires_grad:  # invisible to autograd, as native (a view of src when it is dst)
             src, dst = src.detach(), dst.detach()
-        record = _driver.run(plan, src, dst, next(STATE.calls), self.group)
-        return _errors.finish_call(plan, plan.device, async_op, record)
+        return _driver.issue(plan, src, dst, next(STATE.calls), self.group, self.pg, async_op)
 
 
 def lookup(kind: str, group, config, op, min_bytes, pipeline, backend, check, tensors: tuple):

@@ -25,6 +25,10 @@ and raises in that call (`check_errors`). The rank-agreement exchange (a fingerp
 whose result the host reads) runs on the first call of each (group, signature) and is kept;
 check="always" runs it on every call.
 
+Async calls leave the caller free until `wait()` (`_driver`): on CUDA they run on the device's
+communication stream, forked from the caller's stream by one event and joined at `wait()` by
+one; on CPU (gloo) as jobs of the group's worker thread, in issue order.
+
 Where each part lives: `_call` (validation, path, signature, agreement, the front half of the
 three functions below), `_shapes` (each collective's stages, slots and native fallback), `_plan`
 (geometry, tables, prepared launches, buffers, per codec path), `_driver` (the schedule of stages
@@ -65,7 +69,11 @@ def all_reduce(
             collectives where it would be the torch reference on CPU (measured slower than
             the link at every size for links >= 0.25 Gbit/s); pass an int to compress anyway.
         op: "sum" or "avg" ("avg" needs a floating dtype).
-        async_op: return a `Pending` handle whose `wait()` completes the operation.
+        async_op: return a `Pending` handle whose `wait()` completes the operation. The call
+            returns before its communication completes: on CUDA its work runs on the device's
+            communication stream and `wait()` orders the waiting stream after it; on CPU it
+            runs on the group's worker thread and `wait()` blocks for it, and raises its errors
+            (a disagreement found by `check` included). See the collectives guide.
         pipeline: slices in flight ("auto" or 1..16): compression of one overlaps the
             communication of the previous.
         backend: codec backend, as in `taco_triton.compress`.

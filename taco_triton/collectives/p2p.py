@@ -248,8 +248,11 @@ def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, message: _Me
     this Work. A failure (a handshake the sender failed, a tag that did not match) makes this and
     every later `wait()` raise."""
 
+    allocated_on = _streams.allocation_stream(wire.device)  # `wire` was allocated by the receive, just now
+
     def finish():
         work.wait()  # a handshake the sender failed raises here
+        _streams.used_here(wire, allocated_on)  # decoded on the waiting stream
         return message.decode(wire, tensor.detach().view(-1), handle=True)  # the reference path's tag check raises
 
     return Pending(finish)

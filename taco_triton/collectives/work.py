@@ -30,11 +30,14 @@ _C10D = torch._C._distributed_c10d
 class Pending:
     """Handle of an async operation; like torch.distributed's Work.
 
-    For a compressed collective: everything that enters the process group was issued when the
-    collective was called, so waiting on handles in any order, or never before the next
-    collective, changes nothing. `wait()` finishes what is left on this rank: on the native path
-    the process group's work and the copy back into a non-contiguous tensor; on CUDA it makes the
-    current stream wait for the collective (no host sync).
+    For a compressed collective: its work is issued in the group's order when the collective is
+    called (on CUDA onto the device's communication stream, on CPU as a job of the group's worker
+    thread), so waiting on handles in any order, or never before the next collective, changes
+    nothing. `wait()` finishes what is left on this rank: on CUDA it makes the current stream wait
+    for the call's end event (no host sync); on CPU it blocks until the call's job is done; on the
+    native path it waits for the process group's work and copies back into a non-contiguous
+    tensor. `is_completed()` says, without waiting, whether the work is done; `get_future()` is a
+    future of the output tensors, as torch's.
 
     Errors belong to their call: `wait()` raises this call's tag mismatch (see
     `taco_triton.check_errors`), never another call's, and no other call raises this one's. A
@@ -45,13 +48,18 @@ class Pending:
         finish: what `wait()` runs, once; it may return the call's error record (`_errors.Watched`)
             when it is made only then (a receive's decode).
         entry: the call's error record, when the call made one at issue (the Triton path).
+        done: what completes with the work, asked without waiting (`query()`): a CUDA event or
+            a worker's job; None: complete once `wait()` has returned.
+        future: makes `get_future()`'s future; None: a future completed by `wait()`.
     """
 
-    def __init__(self, finish: Callable[[], object], entry=None):
+    def __init__(self, finish: Callable[[], object], entry=None, done=None, future=None):
         self._finish = finish
         self._entry = entry
         self._done = False
         self._error: BaseException | None = None
+        self._completion = done
+        self._future = future
 
     def wait(self, timeout=None) -> bool:
         """Finish the operation; True once its result is in place.
@@ -86,20 +94,42 @@ class Pending:
         return True
 
     def is_completed(self) -> bool:
-        """Whether `wait()` has returned successfully.
+        """Whether the work is done, asked without waiting.
 
         Returns:
-            True once it has.
+            True once the call's work is complete (its end event on CUDA, its job on CPU) or
+            `wait()` has returned successfully; False for a handle that failed.
         """
-        return self._done
+        if self._error is not None:
+            return False
+        done = self._completion
+        if self._done or done is None or isinstance(done, str):  # str: captured in a graph
+            return self._done
+        return done.query()
 
     def is_success(self) -> bool:
         """As `is_completed` (torch's older Work API).
 
         Returns:
-            True once `wait()` has returned successfully.
+            What `is_completed()` returns.
         """
-        return self._done
+        return self.is_completed()
+
+    def get_future(self) -> torch.futures.Future:
+        """A future of the operation, as torch's Work gives.
+
+        Returns:
+            A ``torch.futures.Future`` that completes with the operation's output tensors when
+            it is done (on CUDA carrying the end of its work as torch's futures do: waiting on
+            it orders the current stream after it); one without a result of its own (a native
+            call) completes with None once `wait()` has run, which this call does.
+        """
+        if self._future is not None:
+            return self._future()
+        self.wait()
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
 
     def exception(self) -> BaseException | None:
         """The error this handle failed with.
@@ -113,9 +143,35 @@ class Pending:
 class PendingWork(Pending, dist.Work):
     """A `Pending` that is a ``torch.distributed.Work`` (what a process group's methods return)."""
 
-    def __init__(self, finish: Callable[[], object], entry=None):
+    def __init__(self, finish: Callable[[], object], entry=None, done=None, future=None):
         dist.Work.__init__(self)
-        Pending.__init__(self, finish, entry)
+        Pending.__init__(self, finish, entry, done, future)
+
+
+def as_work(pending, result, device: torch.device, then: Callable[[], None] | None = None):
+    """A collective's handle as a ``torch.distributed.Work`` for a process group to return: its
+    `wait()` waits for `pending` (a `Pending`, a Work, or None for work already complete), then
+    runs `then` (copies into the caller's outputs); `get_future()` completes with `result` (the
+    handle's own future when it has one and nothing is left for `then`)."""
+    if pending is None and then is None:
+        return completed(result, device)
+    if isinstance(pending, dist.Work) and then is None:
+        return pending
+
+    def finish():
+        if pending is not None:
+            pending.wait()
+        if then is not None:
+            then()
+
+    own = getattr(pending, "_future", None) if then is None else None
+    if own is not None:  # the handle's future (its failure included), completed with `result`
+        work = PendingWork(finish, done=getattr(pending, "_completion", None),
+                           future=lambda: own().then(lambda fut: (fut.value(), result)[1]))
+    else:  # complete it at wait(), with the result (on CUDA: the waiting stream's events)
+        work = PendingWork(finish, done=getattr(pending, "_completion", None))
+        work._future = lambda: (work.wait(), completed(result, device).get_future())[1]
+    return work
 
 
 class WaitAll(dist.Work):
@@ -147,16 +203,24 @@ class WaitAll(dist.Work):
 
 
 class Counted:
-    """`work`, whose `wait()` also adds the bytes this rank hands to the process group while
-    finishing it (`WireStats`) to `stats.wire_bytes`; everything else is `work`'s own."""
+    """`work`, whose `wait()` also adds to `stats.wire_bytes` the bytes this rank hands to the
+    process group while finishing it (`WireStats`), and those recorded into `issued` (the
+    `WireStats` open when the work was issued) since `counted` of them were counted: an async
+    call on CPU hands its bytes to the process group from its group's worker thread, into the
+    `WireStats` open at its issue, until it is done. Everything else is `work`'s own."""
 
-    def __init__(self, work, stats):
+    def __init__(self, work, stats, issued=None, counted: float = 0.0):
         self._work, self._stats = work, stats
+        self._issued, self._counted = issued, counted
 
     def wait(self, timeout=None):
         with WireStats() as ws:
             out = self._work.wait()
         self._stats.wire_bytes += ws.wire_bytes
+        if self._issued is not None:  # once: later waits find nothing new
+            total = self._issued.wire_bytes
+            self._stats.wire_bytes += total - self._counted
+            self._counted = total
         return out
 
     def __getattr__(self, name: str):

@@ -36,13 +36,15 @@ broadcast, barrier, gather, scatter, reduce) is handed to `inner` unchanged, in 
 (a list all_gather as inner's list all_gather, a coalesced all_reduce with nothing to compress
 as inner's coalesced all_reduce), with the same options, and is bit for bit what `inner` gives.
 
-Work: a compressed collective is issued when it is called (the codec and the inner group's work
-are queued on the calling thread, in the same order on every rank) and the returned Work is
-already complete on CPU; on CUDA its future carries the current stream's events, so `wait()`
-orders the waiting stream after the collective. Errors in a compressed collective raise at the
-call. A forwarded call returns `inner`'s own Work, which writes the caller's outputs itself; a
-coalesced call that mixes compressed and forwarded parts returns a Work that waits for each
-part's. Nothing is copied into a caller's output before the communication that fills it is done.
+Work: a compressed collective runs as the collectives' async calls do: on CUDA on the device's
+communication stream, off the caller's stream, whose `wait()` (or the future's) orders the
+waiting stream after it; on CPU as a job of the inner group's worker thread, whose `wait()`
+blocks until it is done. Its errors (a tag mismatch) raise at that Work's `wait()`. A forwarded
+call returns `inner`'s own Work, which writes the caller's outputs itself; on CPU, while
+compressed calls are queued on `inner`, it is issued behind them, so every rank issues the
+group's calls in one order. A coalesced call that mixes compressed and forwarded parts returns a
+Work that waits for each part's. Nothing is copied into a caller's output before the
+communication that fills it is done.
 
 `WireStats` counts every call on this rank: compressed ones as the collectives count them,
 forwarded ones by the collective's standard cost (`WireStats`).
@@ -54,9 +56,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..collectives import _pg, p2p
+from ..collectives import _pg, _streams, _worker, p2p
 from ..collectives import compressed as coll
-from ..collectives.work import PendingWork, all_of, completed
+from ..collectives.work import PendingWork, all_of, as_work
 from ..estimate import ring_bytes
 from ..policy import CompressionPolicy, decide, eligible
 from . import sites
@@ -148,8 +150,11 @@ def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> Pend
     the caller's tensor (once); a failed receive keeps raising its error. It has no future
     (receives are waited on, as torch's gloo receives are)."""
 
+    allocated_on = _streams.allocation_stream(wire.device)  # `wire` was allocated by the receive, just now
+
     def finish():
         work.wait()
+        _streams.used_here(wire, allocated_on)  # decoded on the waiting stream
         if tensor.is_contiguous():
             p2p.decode_into(wire, tensor, cfg)
         else:
@@ -272,8 +277,8 @@ class CompressingProcessGroup(dist.ProcessGroup):
         _pg._record(kind, int(nbytes), float(wire), False)
         inner = self.inner
         fn = getattr(inner, method)
-        try:
-            return self._track(fn(*args))
+        try:  # behind the compressed calls still queued on inner (CPU), in the same order on every rank
+            return self._track(_worker.in_order(inner, lambda: fn(*args), True))
         except RuntimeError as e:
             if type(e) is not RuntimeError:  # keep torch's own error types (DistBackendError, ...)
                 raise
@@ -292,8 +297,9 @@ class CompressingProcessGroup(dist.ProcessGroup):
     def _all_reduce_one(self, t: torch.Tensor, cfg, opts):
         if cfg is None:
             return self._forward_all_reduce("allreduce", [t], opts)
-        coll.all_reduce(t, self._inner_for(t), cfg, op=_op_of(opts), min_bytes=self.policy.min_bytes)
-        return self._track(completed([t], t.device))
+        work = coll.all_reduce(t, self._inner_for(t), cfg, op=_op_of(opts), async_op=True,
+                               min_bytes=self.policy.min_bytes)
+        return self._track(as_work(work, [t], t.device))
 
     def _forward_all_reduce(self, method: str, tensors, opts):
         n = sum(_nbytes(t) for t in tensors)
@@ -321,8 +327,8 @@ class CompressingProcessGroup(dist.ProcessGroup):
             method = "reduce_scatter_single" if hasattr(inner, "reduce_scatter_single") else "_reduce_scatter_base"
             return self._forward("reduce_scatter", n, ring_bytes("reduce_scatter", n, self.size()), method, output, input,
                                  opts)
-        coll.reduce_scatter(output, input, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
-        return self._track(completed([output], output.device))
+        work = coll.reduce_scatter(output, input, inner, cfg, op=op, async_op=True, min_bytes=self.policy.min_bytes)
+        return self._track(as_work(work, [output], output.device))
 
     _reduce_scatter_base = reduce_scatter_single  # the name torch < 2.13 calls
 
@@ -336,8 +342,8 @@ class CompressingProcessGroup(dist.ProcessGroup):
             flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
             cfg = self._decide("reduce_scatter", flat, _nbytes(flat), op)
             if cfg is not None:
-                coll.reduce_scatter(out, flat, inner, cfg, op=op, min_bytes=self.policy.min_bytes)
-                return self._track(completed(list(outputs), out.device))
+                work = coll.reduce_scatter(out, flat, inner, cfg, op=op, async_op=True, min_bytes=self.policy.min_bytes)
+                return self._track(as_work(work, list(outputs), out.device))
         n = sum(_nbytes(t) for ts in input_lists for t in ts)
         return self._forward("reduce_scatter", n, ring_bytes("reduce_scatter", n, self.size()), "reduce_scatter",
                              outputs, input_lists, opts)
@@ -359,8 +365,8 @@ class CompressingProcessGroup(dist.ProcessGroup):
             method = "all_gather_single" if hasattr(inner, "all_gather_single") else "_allgather_base"
             return self._forward("all_gather", _nbytes(input), ring_bytes("all_gather", _nbytes(input), self.size()), method,
                                  output, input, opts)
-        coll.all_gather(output, input, inner, cfg, min_bytes=self.policy.min_bytes)
-        return self._track(completed([output], output.device))
+        work = coll.all_gather(output, input, inner, cfg, async_op=True, min_bytes=self.policy.min_bytes)
+        return self._track(as_work(work, [output], output.device))
 
     _allgather_base = all_gather_single  # the name torch < 2.13 calls
 
@@ -372,12 +378,15 @@ class CompressingProcessGroup(dist.ProcessGroup):
             (inp,), outs = inputs, output_lists[0]
             inner = self._inner_for(inp)
             cfg = self._decide("all_gather", inp, _nbytes(inp) * self.size(), "sum")
-            if cfg is not None:  # compressed: complete on return, so the copies below read final data
+            if cfg is not None:  # compressed: the copies into the outputs run at wait(), after the gather
                 flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
-                coll.all_gather(flat, inp.reshape(-1), inner, cfg, min_bytes=self.policy.min_bytes)
-                for o, part in zip(outs, flat.view(self.size(), -1)):
-                    o.copy_(part.view(o.shape))
-                return self._track(completed(output_lists, inp.device))
+                work = coll.all_gather(flat, inp.reshape(-1), inner, cfg, async_op=True, min_bytes=self.policy.min_bytes)
+
+                def copy_out():
+                    for o, part in zip(outs, flat.view(self.size(), -1)):
+                        o.copy_(part.view(o.shape))
+
+                return self._track(as_work(work, output_lists, inp.device, then=copy_out))
         # forwarded in its own form: inner's Work writes the caller's outputs itself
         n = sum(_nbytes(t) for t in inputs)
         return self._forward("all_gather", n, ring_bytes("all_gather", n, self.size()), "allgather", output_lists, inputs,

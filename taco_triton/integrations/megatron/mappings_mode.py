@@ -135,8 +135,10 @@ class MegatronHandle:
         cfg, st = self._decide(axis, site, direction, kind, tensor, dist.get_world_size(group), native)
         with WireStats() as ws:
             work = issue(cfg if cfg is not None else NATIVE, self.policies[axis].min_bytes)
-        st.wire_bytes += ws.wire_bytes
-        return None if work is None else Counted(work, st)  # its wait() counts what it sends
+        counted = ws.wire_bytes
+        st.wire_bytes += counted
+        # its wait() counts what it sends then, and what it sent from a worker thread since (CPU)
+        return None if work is None else Counted(work, st, ws, counted)
 
 
 def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback: bool = False,

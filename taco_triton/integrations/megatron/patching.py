@@ -30,8 +30,11 @@ the non-SP dgrad all-reduce as ``torch.distributed.all_reduce(...)``; ``LinearWi
 (behind ``linear_with_frozen_weight``) also calls ``torch.distributed.all_reduce``. So in layers
 we replace ``dist_all_gather_func``, ``dist_reduce_scatter_func`` and the module global
 ``torch`` by a shim that forwards every attribute to torch except ``torch.distributed.all_reduce``
-(ours; SUM only, other ops go to torch). This keeps megatron's own forward/backward code -
-including the overlap of the async dgrad all-reduce with the weight-gradient GEMM - untouched.
+(ours; SUM only, other ops go to torch). Megatron's own forward/backward code stays untouched.
+Its overlaps are kept because our async collectives leave the caller's stream free until
+`wait()`: the async dgrad all-reduce (and the SP all-gather / reduce-scatter) runs on the
+device's communication stream (on CPU, the group's worker thread) while megatron computes the
+weight-gradient GEMM, and its Work's `wait()` orders the waiting stream after it, as NCCL's does.
 ``linear_with_frozen_weight``'s SP gather goes through ``gather_from_sequence_parallel_region``
 and so through mappings.
 """
