@@ -154,7 +154,7 @@ class Plan:
 
             lays, pieces = self.gathers[k].layouts, self.gathers[k].pieces
             decompress = decompress_slots_launch(b.gathered, dense, desc[1], err, p, slots.total_tiles(lays), cfg, target,
-                                                 params("decompress", dense.dtype, max(lay.numel for lay in lays)),
+                                                 params("decompress_slots", dense.dtype, max(lay.numel for lay in lays)),
                                                  device, self.inf_above, elem_align=slots.elem_align(pieces))
         return compress, reduce, decompress
 
