@@ -44,8 +44,20 @@ bandwidth is 90% of the spec-sheet HBM/GDDR bandwidth (a measured H200 device-to
 reached 4.3 TB/s of 4.8). The constants are spec-sheet values of one representative GPU per
 target (TARGETS below); they are a model, not a measurement.
 
+The collectives' launches (`--set hotpath`; `hot_launches`): the slotted compress, the tagged
+fused reduce and the slotted decompress each pipeline slice of all_reduce, reduce_scatter and
+all_gather runs, built by the plan the library builds for the call (`Plan.slice_launches`), with
+the parameters the library picks. These launches are short (a slice's piece is a few tiles per
+program), so their per-program and per-slot work weighs: each is counted over the whole launch
+(`launch_weights`: the natural loops of the control-flow graph, run as many times as the plan's
+programs, slots, tiles and ranks make them), and divided by the elements the launch processes;
+bytes_per_elem counts what it reads and writes (slots with their tags and padding). Extra
+columns: collective, world, message_mib, odd, slots, tiles, programs (the grid), launches (one
+per slice). Floors: `HOT_FLOORS`.
+
 Usage:
-    python bench/aot.py --quick                       # defaults and key variants, 4 targets
+    python bench/aot.py --set hotpath                 # the collectives' launches, 5 targets
+    python bench/aot.py --quick                       # defaults and key variants, 5 targets
     python bench/aot.py --set ci                      # what tests/test_aot.py checks
     python bench/aot.py --set subbyte                 # every INT6/INT4 launch, 4 targets
     python bench/aot.py --targets sm_90 --json out.json --csv out.csv
@@ -328,6 +340,106 @@ def _loop_bodies(instrs: list[tuple[int, str]], is_branch, target_of) -> list[tu
     return loops
 
 
+def _sass_successors(instrs) -> list[list[int]]:
+    """The control-flow successors of each SASS instruction (by index): the next one unless an
+    unpredicated branch, EXIT or RET ends the path, and a branch's target. A CALL returns."""
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    out = []
+    for i, (_, text) in enumerate(instrs):
+        predicated = text.startswith("@")
+        op = text.split()[1 if predicated else 0]
+        succ = []
+        if not (op in ("BRA", "EXIT") or op.startswith("RET")) or predicated:
+            succ.append(i + 1)
+        if op.startswith("BRA"):
+            g = re.search(r"0x([0-9a-f]+)\s*$", text)
+            if g and int(g.group(1), 16) in index:
+                succ.append(index[int(g.group(1), 16)])
+        out.append([j for j in succ if j < len(instrs)])
+    return out
+
+
+def _gcn_successors(instrs, labels: dict) -> list[list[int]]:
+    """As `_sass_successors`, for AMDGCN (s_branch, s_cbranch_*, s_endpgm, s_setpc_b64)."""
+    out = []
+    for i, (_, text) in enumerate(instrs):
+        op = text.split()[0]
+        succ = [] if op in ("s_branch", "s_endpgm", "s_setpc_b64") else [i + 1]
+        if op.startswith(("s_branch", "s_cbranch")) and text.split()[-1] in labels:
+            succ.append(labels[text.split()[-1]])
+        out.append([j for j in succ if j < len(instrs)])
+    return out
+
+
+def _cfg_loops(instrs, succ) -> dict:
+    """The natural loops of a kernel's control-flow graph (instruction by instruction): for each
+    back edge (an edge to an instruction that dominates its source) the instructions that reach
+    it without passing its target, the loop's header; back edges to one header are one loop. Returns {"reached":
+    instructions reachable from the entry (subroutines after EXIT are not), "loops": [(header,
+    sorted body)]}."""
+    n = len(instrs)
+    pred = [[] for _ in range(n)]
+    for i, ss in enumerate(succ):
+        for j in ss:
+            pred[j].append(i)
+    reached, stack = {0} if n else set(), [0] if n else []
+    while stack:
+        for j in succ[stack.pop()]:
+            if j not in reached:
+                reached.add(j)
+                stack.append(j)
+    # immediate dominators (Cooper, Harvey, Kennedy: iterate in reverse postorder to a fixed point)
+    order, seen, stack = [], set(), [(0, iter(succ[0]))] if n else []
+    seen.update([0] if n else [])
+    while stack:
+        node, it = stack[-1]
+        nxt = next((j for j in it if j not in seen), None)
+        if nxt is None:
+            order.append(node)
+            stack.pop()
+        else:
+            seen.add(nxt)
+            stack.append((nxt, iter(succ[nxt])))
+    rpo = order[::-1]
+    pos = {v: i for i, v in enumerate(rpo)}
+    idom = {0: 0} if n else {}
+    changed = True
+    while changed:
+        changed = False
+        for v in rpo[1:]:
+            ps = [q for q in pred[v] if q in idom]
+            new = ps[0]
+            for q in ps[1:]:
+                a, b = q, new
+                while a != b:
+                    while pos[a] > pos[b]:
+                        a = idom[a]
+                    while pos[b] > pos[a]:
+                        b = idom[b]
+                new = a
+            if idom.get(v) != new:
+                idom[v], changed = new, True
+
+    def dominates(h, v):
+        while v != h and v != 0:
+            v = idom[v]
+        return v == h
+
+    bodies: dict[int, set] = {}
+    for i, ss in enumerate(succ):
+        for h in ss:
+            if i in reached and dominates(h, i):
+                body = bodies.setdefault(h, {h})
+                stack = [i] if i not in body else []
+                body.add(i)
+                while stack:
+                    for q in pred[stack.pop()]:
+                        if q not in body and q in reached:
+                            body.add(q)
+                            stack.append(q)
+    return {"reached": sorted(reached), "loops": [(h, sorted(b)) for h, b in sorted(bodies.items())]}
+
+
 def _per_tile_instructions(instrs, loops, ranks: int) -> tuple[int, list]:
     """Dynamic estimate per tile: the outermost loop's body, inner loops counted `ranks` times.
 
@@ -400,7 +512,7 @@ def analyze_cuda(kernel, gpu: GPU) -> dict:
     return {"regs": regs, "spill_bytes": stack + local, "smem_bytes": shared + kernel.metadata.shared * 0,
             "smem_dynamic": kernel.metadata.shared, "instr_per_tile": per_tile, "static_instr": len(instrs),
             "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
-            **_slow_calls(instrs, weighted)}
+            **_slow_calls(instrs, weighted), "instrs": instrs, "cfg": _cfg_loops(instrs, _sass_successors(instrs))}
 
 
 _CALL = re.compile(r"(?:^|\s)CALL\.REL(?:\.NOINC)?\s+(?:`\()?\.?[A-Za-z_$.0-9]*\)?\s*0x([0-9a-f]+)")
@@ -465,7 +577,8 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
     return {"regs": vgpr + agpr, "spill_bytes": scratch, "smem_bytes": lds, "smem_dynamic": kernel.metadata.shared,
             "instr_per_tile": per_tile, "static_instr": len(instrs),
             "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
-            "slow_calls_per_tile": 0, "slow_instr_per_tile": 0, "classes": classes}
+            "slow_calls_per_tile": 0, "slow_instr_per_tile": 0, "classes": classes, "instrs": instrs,
+            "cfg": _cfg_loops(instrs, _gcn_successors(instrs, labels))}
 
 
 #: The instruction classes of AMD's CU scheduler, each issued to its own unit (AMD, ROCm Compute
@@ -542,28 +655,33 @@ def bytes_per_elem(v: Variant) -> float:
 
 
 def model(v: Variant, gpu: GPU, a: dict) -> dict:
+    return model_of(a, v.num_warps, bytes_per_elem(v), gpu)
+
+
+def model_of(a: dict, num_warps: int, bytes_per_element: float, gpu: GPU) -> dict:
+    """The model's columns from an analysis `a` (counts per tile of 8192 elements)."""
     tile = 2 * 4096  # elements per loop iteration (taco_triton.kernels._tables.SB_PER_TILE super-blocks)
-    instr = a["instr_per_tile"] * v.num_warps / tile
-    flops16 = sum(f * w for (f, cls), w in a["mma"] if cls == "16") * v.num_warps / tile
-    flops32 = sum(f * w for (f, cls), w in a["mma"] if cls == "tf32") * v.num_warps / tile
-    n_mma = sum(w for _, w in a["mma"]) * v.num_warps / tile
-    t_mem = bytes_per_elem(v) / gpu.copy_bw
-    occ, limiter = occupancy(gpu, v.num_warps, a["regs"], a["smem_bytes"] + a["smem_dynamic"])
+    instr = a["instr_per_tile"] * num_warps / tile
+    flops16 = sum(f * w for (f, cls), w in a["mma"] if cls == "16") * num_warps / tile
+    flops32 = sum(f * w for (f, cls), w in a["mma"] if cls == "tf32") * num_warps / tile
+    n_mma = sum(w for _, w in a["mma"]) * num_warps / tile
+    t_mem = bytes_per_element / gpu.copy_bw
+    occ, limiter = occupancy(gpu, num_warps, a["regs"], a["smem_bytes"] + a["smem_dynamic"])
     extra = {}
     issued = instr
     if "classes" in a:  # AMD: the classes issue in parallel (amd_issue_per_elem)
-        per_class = {c: n * v.num_warps / tile for c, n in a["classes"].items()}
+        per_class = {c: n * num_warps / tile for c, n in a["classes"].items()}
         issued, extra["issue_limiter"] = amd_issue_per_elem(per_class, occ, gpu)
         extra.update({f"{c}_per_elem": round(n, 4) for c, n in per_class.items()})
     t_issue = issued / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
     t_tc = flops16 / (gpu.tc16_tflops * 1e12) + flops32 / (gpu.tf32_tflops * 1e12)
     bound = 100.0 * t_mem / max(t_mem, t_issue, t_tc)
-    instr_worst = (a["instr_per_tile"] + a["slow_instr_per_tile"]) * v.num_warps / tile
+    instr_worst = (a["instr_per_tile"] + a["slow_instr_per_tile"]) * num_warps / tile
     # AMD has no slow-path calls (instr_worst == instr): its worst case is its issue bound
     t_worst = (issued if "classes" in a else instr_worst) / (gpu.issue * gpu.units * gpu.clock_ghz * 1e9)
     return {"instr_per_elem": round(instr, 4), "mma_per_elem": round(n_mma, 5),
             "tc_flops_per_elem": round(flops16 + flops32, 1), "occupancy": round(occ, 3), "occupancy_limiter": limiter,
-            "bytes_per_elem": round(bytes_per_elem(v), 4), "pct_copy_bw_bound": round(bound, 1),
+            "bytes_per_elem": round(bytes_per_element, 4), "pct_copy_bw_bound": round(bound, 1),
             "bound_by": "memory" if bound >= 99.95 else ("issue" if t_issue >= t_tc else "tensor cores"),
             "slow_calls_per_tile": a["slow_calls_per_tile"], "instr_per_elem_worst": round(instr_worst, 4),
             "pct_copy_bw_bound_worst": round(100.0 * t_mem / max(t_mem, t_worst, t_tc), 1), **extra}
@@ -579,14 +697,19 @@ def evaluate(v: Variant, target: str) -> dict:
             parts.append((launch.n_tiles, analyze_cuda(k, gpu) if gpu.backend == "cuda" else analyze_hip(k, gpu)))
         a = combine(parts)
     except Exception as e:  # the exact error is the result: the innermost cause says what failed
-        while e.__cause__ is not None or e.__context__ is not None:
-            e = e.__cause__ or e.__context__
-        msg = [m for m in str(e).strip().splitlines() if m.strip()]
-        row["error"] = f"{type(e).__name__}: {msg[-1] if msg else ''}"[:400]
+        row["error"] = _error_text(e)
         return row
     row.update(ok=True, regs=a["regs"], spill_bytes=a["spill_bytes"], smem_bytes=a["smem_bytes"] + a["smem_dynamic"],
                static_instr=a["static_instr"], launches=len(parts), **model(v, gpu, a))
     return row
+
+
+def _error_text(e: BaseException) -> str:
+    """The innermost cause of a failed compile, one line: what failed."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    msg = [m for m in str(e).strip().splitlines() if m.strip()]
+    return f"{type(e).__name__}: {msg[-1] if msg else ''}"[:400]
 
 
 def _evaluate_star(args):
@@ -607,6 +730,306 @@ def select(vs: list[Variant], only: str | None = None, numel: int | None = None)
     if numel is not None:
         vs = list(dict.fromkeys(dataclasses.replace(v, numel=numel) for v in vs))
     return vs
+
+
+# ------------------------------------------------------------------------------ the collectives' launches
+#: The collectives whose launches `--set hotpath` models, and what each runs per pipeline slice.
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+HOT_WORLDS = (2, 4, 8, 16)
+HOT_MIB = (16, 64)
+#: The reduced set `tests/test_aot.py` compiles in CI (every launch kind, aligned and odd; the
+#: full set is `--set hotpath`).
+HOT_CI = {"worlds": (8,), "mib": (16,), "targets": ("sm_90",)}
+#: The least % of copy bandwidth every launch of the collectives is to reach by this model.
+HOT_FLOORS = {"sm_90": 95.0, "sm_100": 85.0, "sm_80": 80.0, "sm_89": 80.0, "gfx942": 80.0}
+
+
+@dataclass(frozen=True)
+class HotVariant:
+    """One collective call: `mib` MiB of bf16 message (all_reduce's tensor, reduce_scatter's input,
+    all_gather's output), P = `world` ranks, the "auto" pipeline; `odd`: each rank's share one
+    element short of its aligned size (not a multiple of 16)."""
+
+    collective: str
+    world: int
+    mib: float
+    odd: bool
+    config: CompressionConfig
+    dtype: str = "bf16"
+
+    def row(self) -> dict:
+        c = self.config
+        return {"collective": self.collective, "world": self.world, "message_mib": self.mib, "odd": self.odd,
+                "codec": c.codec, "group_size": c.group_size, "hadamard": c.hadamard, "scales": c.scales,
+                "rounding": c.rounding, "dtype": self.dtype}
+
+
+def hot_variants(which: str) -> list[HotVariant]:
+    """The collective calls of a set: "hotpath" (every collective, P = 2, 4, 8, 16, 16 and 64 MiB,
+    aligned and odd, FP8 and INT8), "ci" (`HOT_CI` of it), "subbyte" (the same calls with INT6
+    and INT4 at G = 32), else none."""
+    default = CompressionConfig()
+    worlds, mib = HOT_WORLDS, HOT_MIB
+    if which == "ci":
+        worlds, mib = HOT_CI["worlds"], HOT_CI["mib"]
+    elif which not in ("hotpath", "subbyte"):
+        return []
+    configs = ((default.replace(codec="int6", group_size=32), default.replace(codec="int4", group_size=32))
+               if which == "subbyte" else (default, default.replace(codec="int8")))
+    return [HotVariant(c, w, m, odd, cfg) for cfg in configs for c in COLLECTIVES for w in worlds for m in mib
+            for odd in (False, True)]
+
+
+def hot_plan(hv: HotVariant, device: torch.device = torch.device("meta")):
+    """The plan the library builds for this call on rank 0 (`collectives._plan.Plan`; on the meta
+    device by default: shapes and descriptor rows, no memory) and the call's flat input and
+    output (uninitialised)."""
+    from types import SimpleNamespace
+
+    from taco_triton.collectives import _call, _plan, _shapes
+
+    dt = DTYPES[hv.dtype]
+    n = int(hv.mib * (1 << 20)) // dt.itemsize
+    shape = {"all_reduce": _shapes.AllReduce(), "reduce_scatter": _shapes.ReduceScatter(),
+             "all_gather": _shapes.AllGather()}[hv.collective]
+    if hv.collective == "all_reduce":
+        src = dst = torch.empty(n - hv.odd, dtype=dt, device=device)
+    else:
+        m = n // hv.world - hv.odd  # one rank's shard
+        big, small = torch.empty(m * hv.world, dtype=dt, device=device), torch.empty(m, dtype=dt, device=device)
+        src, dst = (big, small) if hv.collective == "reduce_scatter" else (small, big)
+    nbytes = src.numel() * dt.itemsize
+    signature = (hv.collective, hv.world, hv.mib, hv.odd, str(hv.config))
+    call = SimpleNamespace(kind=hv.collective, signature=signature, fp=hash(signature) & 0xFFFFFFFF, p=hv.world,
+                           rank=0, config=hv.config, backend="triton", depth=_call.depth(nbytes, "auto"), op="sum",
+                           dtype=dt)
+    chunks, chunk_numel = shape.chunks(src, dst, hv.world)
+    return _plan.Plan(call, shape, chunks, device, chunk_numel), src, dst
+
+
+HOT_KERNELS = ("compress_slots", "reduce_tagged", "decompress_slots")
+
+
+def hot_launches(hv: HotVariant, gpu: GPU) -> list[dict]:
+    """Every launch of the call, per slice, as the plan builds it (`Plan.slice_launches`), with
+    the launch parameters the library picks on `gpu`'s backend: dicts of kernel ("compress_slots",
+    "reduce_tagged", "reduce_tagged_dense", "decompress_slots"), slice, launch, and what the model
+    amortizes over (slots, tiles, elements, bytes moved)."""
+    from taco_triton.collectives._plan import Buffers
+    from taco_triton.kernels import slots
+    from taco_triton.kernels._launch import Target, launch_params
+
+    plan, src, dst = hot_plan(hv)
+    target = Target(gpu.backend, gpu.arch, gpu.warp)
+    err = torch.empty(slots.ERR_FIELDS, dtype=torch.int64, device=plan.device)
+    tables = torch.tensor(plan.table_rows(), dtype=torch.int64).to(plan.device)
+    item = DTYPES[hv.dtype].itemsize
+
+    def params(kernel, dtype, numel):  # the library's choice without a tuned file, on gpu's backend
+        return launch_params(kernel, plan.device, dtype, plan.config, numel, gpu.backend)
+
+    out = []
+    for k, sl in enumerate(plan.slices):
+        b = Buffers(plan, k)
+        built = plan.slice_launches(k, src, dst, b, tables[k], err, target, params)
+        send, gathered = plan.sends[k], plan.gathers[k]
+        n_send = sum(lay.numel for lay in send.layouts)
+        out.append({"kernel": "compress_slots", "slice": k, "launch": built[0], "slots": len(send.pieces),
+                    "elements": n_send, "bytes": n_send * item + b.send.numel()})
+        if built[1] is not None:
+            lay, dense = sl.lays[plan.rank], plan.shape.dense_reduce
+            wrote = lay.numel * item if dense else sl.slot
+            out.append({"kernel": "reduce_tagged_dense" if dense else "reduce_tagged", "slice": k, "launch": built[1],
+                        "slots": plan.p, "elements": lay.numel, "bytes": plan.p * sl.strides[plan.rank] + wrote})
+        if built[2] is not None:
+            n_recv = sum(lay.numel for lay in gathered.layouts)
+            out.append({"kernel": "decompress_slots", "slice": k, "launch": built[2], "slots": len(gathered.pieces),
+                        "elements": n_recv, "bytes": b.gathered.numel() + n_recv * item})
+    for x in out:
+        x["tiles"] = x["launch"].n_tiles
+    return out
+
+
+def compile_key(launch, gpu: GPU) -> tuple:
+    """What Triton compiles for this launch on `gpu` (its specialization): equal keys, one binary."""
+    from triton.compiler import make_backend
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import create_function_from_signature
+
+    gt = GPUTarget(gpu.backend, gpu.arch, gpu.warp)
+    backend = make_backend(gt)
+    fn = launch.fn
+    kw = dict(launch.meta)
+    bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(**launch.args, **kw)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
+    return (fn.__name__, gpu.backend, str(gpu.arch), repr(sorted(signature.items())), repr(sorted(constexprs.items())),
+            repr(sorted(attrs.items())), repr(sorted(options.__dict__.items())))
+
+
+def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, ranks: int) -> list[tuple[int, float]]:
+    """(instruction index, times it runs in the whole launch) for a compiled launch: the model of
+    one launch of a collective, its per-program and per-slot work counted, not only its tile loop.
+
+    Loops are the natural loops of the control-flow graph (`_cfg_loops`), nested by their bodies.
+    The main nest is the largest outermost loop: in the fused reduce the tile loop with the rank
+    loop (its largest inner loop) inside; in a slotted kernel either a loop over slots with the
+    tile loop inside (when an inner loop holds most of it) or the tile loop itself. Its loops run:
+    slots, `programs * slots` times (every program walks every slot); tiles, `tiles` times in all;
+    ranks, `tiles * ranks` times. Any other loop runs, in the reduce (checking the ranks' tags in
+    every program; the output's padding, an upper bound), `ranks` times per run of what encloses
+    it; in a slotted kernel (a slot's tag and padding, one program per slot) `slots` times in all.
+    Code outside loops runs once per program; code no path from the entry reaches (slow-path subroutines: their
+    calls are counted apart) never. Code on a skipped branch counts, as in the plain model."""
+    cfg = a["cfg"]
+    n = len(a["instrs"])
+    bodies = {h: frozenset(b) for h, b in cfg["loops"]}
+    reached = set(cfg["reached"])
+    if not bodies:
+        return [(i, float(programs if i in reached else 0)) for i in range(n)]
+
+    def parent(h):
+        outer = [g for g in bodies if g != h and bodies[h] < bodies[g]]
+        return min(outer, key=lambda g: len(bodies[g])) if outer else None
+
+    parents = {h: parent(h) for h in bodies}
+    children = {h: [c for c in bodies if parents[c] == h] for h in bodies}
+    size = {h: len(b) for h, b in bodies.items()}
+    top = max((h for h in bodies if parents[h] is None), key=size.get)
+    runs = {}
+    if kernel.startswith("reduce"):
+        runs[top] = tiles
+        if children[top]:
+            runs[max(children[top], key=size.get)] = tiles * ranks
+    else:
+        inner = max(children[top], key=size.get, default=None)
+        if inner is not None and size[inner] * 2 >= size[top]:
+            runs[top], runs[inner] = programs * slots, tiles
+        else:
+            runs[top] = tiles
+    def times(h):
+        if h not in runs:
+            if not kernel.startswith("reduce"):
+                runs[h] = slots  # a slot's tag and padding: one program per slot
+            else:  # the tag check over ranks, in every program (padding: an upper bound)
+                runs[h] = (programs if parents[h] is None else times(parents[h])) * ranks
+        return runs[h]
+
+    innermost = [None] * n
+    for h in sorted(bodies, key=size.get, reverse=True):  # inner loops overwrite outer ones
+        for i in bodies[h]:
+            innermost[i] = h
+    return [(i, 0.0 if i not in reached else float(programs if h is None else times(h))) for i, h in enumerate(innermost)]
+
+
+def weigh(a: dict, weights: list[tuple[int, float]], per: float) -> dict:
+    """`a` with its counts per tile recomputed from instruction weights of a whole launch, `per`
+    tiles' worth of elements (`TILE`) in it: instructions, matrix work, AMD classes, slow calls."""
+    out = dict(a)
+    instrs = a["instrs"]
+    out["instr_per_tile"] = sum(w for _, w in weights) / per
+    mma = [(_mma_flops(instrs[i][1], "cuda" if "classes" not in a else "hip"), w / per) for i, w in weights]
+    out["mma"] = [(f, w) for f, w in mma if f is not None]
+    if "classes" in a:
+        classes = dict.fromkeys(AMD_CLASSES, 0.0)
+        for i, w in weights:
+            classes[amd_class(instrs[i][1])] += w / per
+        out["classes"] = classes
+    else:
+        slow = _slow_calls(instrs, [(i, w / per) for i, w in weights])
+        out.update(slow)
+    return out
+
+
+TILE = 2 * 4096  # elements per tile (taco_triton.kernels._tables.SB_PER_TILE super-blocks)
+
+
+def programs_of(gpu: GPU, launch, a: dict) -> int:
+    """The grid the library launches (`Launch.grid`): as many programs as stay resident, at most one per tile."""
+    occ, _ = occupancy(gpu, launch.meta["num_warps"], a["regs"], a["smem_bytes"] + a["smem_dynamic"])
+    per_sm = max(1, round(occ * gpu.max_warps / launch.meta["num_warps"]))
+    return max(1, min(launch.n_tiles, per_sm * gpu.units))
+
+
+def hot_rows(hv: HotVariant, target: str, analyses: dict) -> list[dict]:
+    """One row per launch kind of the call (its slices' launches summed): the model over the
+    whole launch. `analyses`: compile_key -> analysis (or an error string)."""
+    gpu = TARGETS[target]
+    rows = {}
+    for x in hot_launches(hv, gpu):
+        launch, kernel = x["launch"], x["kernel"]
+        r = rows.setdefault(kernel, {"parts": [], "error": ""})
+        a = analyses[compile_key(launch, gpu)]
+        if isinstance(a, str):
+            r["error"] = a
+            continue
+        progs = programs_of(gpu, launch, a)
+        w = launch_weights(a, kernel, progs, x["tiles"], x["slots"], hv.world)
+        r["parts"].append((x, a, w, progs))
+    out = []
+    for kernel, r in rows.items():
+        p0 = r["parts"][0][0]["launch"].meta if r["parts"] else {}
+        row = {**hv.row(), "kernel": kernel, "target": target, "gpu_model": gpu.name,
+               "num_warps": p0.get("num_warps"), "num_stages": p0.get("num_stages"), "ok": not r["error"],
+               "error": r["error"]}
+        if r["error"]:
+            out.append(row)
+            continue
+        elements = sum(x["elements"] for x, *_ in r["parts"])
+        nbytes = sum(x["bytes"] for x, *_ in r["parts"])
+        per = max(elements, 1) / TILE
+        # the slices' launches in turn: their weights add; registers etc. are the first launch's
+        a0 = r["parts"][0][1]
+        merged = [(i, w) for _, a, ws, _ in r["parts"] for i, w in ws] if all(a is a0 for _, a, *_ in r["parts"]) else None
+        if merged is not None:
+            a = weigh(a0, merged, per)
+        else:  # different binaries per slice: their counts per tile add, each over the whole
+            parts = [weigh(a, ws, per) for _, a, ws, _ in r["parts"]]
+            a = dict(parts[0])
+            a["instr_per_tile"] = sum(q["instr_per_tile"] for q in parts)
+            a["slow_instr_per_tile"] = sum(q["slow_instr_per_tile"] for q in parts)
+            a["slow_calls_per_tile"] = sum(q["slow_calls_per_tile"] for q in parts)
+            a["mma"] = [m for q in parts for m in q["mma"]]
+            if "classes" in a:
+                a["classes"] = {c: sum(q["classes"][c] for q in parts) for c in a["classes"]}
+            a["spill_bytes"] = max(q["spill_bytes"] for q in parts)
+        row.update(ok=True, regs=a["regs"], spill_bytes=a["spill_bytes"], smem_bytes=a["smem_bytes"] + a["smem_dynamic"],
+                   static_instr=a["static_instr"], launches=len(r["parts"]), numel=elements,
+                   slots=sum(x["slots"] for x, *_ in r["parts"]), tiles=sum(x["tiles"] for x, *_ in r["parts"]),
+                   programs=max(q for *_, q in r["parts"]),
+                   **model_of(a, p0["num_warps"], nbytes / max(elements, 1), gpu))
+        out.append(row)
+    return out
+
+
+def _compile_analyze(args) -> tuple:
+    """(key, analysis or error string) of one launch of a call, compiled in a worker."""
+    hv, target, index = args
+    gpu = TARGETS[target]
+    launch = hot_launches(hv, gpu)[index]["launch"]
+    key = compile_key(launch, gpu)
+    try:
+        k = compile_launch(launch, gpu)
+        return key, analyze_cuda(k, gpu) if gpu.backend == "cuda" else analyze_hip(k, gpu)
+    except Exception as e:
+        return key, _error_text(e)
+
+
+def run_hot(hvs: list[HotVariant], targets: list[str], jobs: int) -> list[dict]:
+    """The rows of `hvs` on `targets`: each distinct binary compiled once (`compile_key`)."""
+    todo, seen = [], set()
+    for t in targets:
+        for hv in hvs:
+            for i, x in enumerate(hot_launches(hv, TARGETS[t])):
+                key = compile_key(x["launch"], TARGETS[t])
+                if key not in seen:
+                    seen.add(key)
+                    todo.append((hv, t, i))
+    if jobs <= 1:
+        analyses = dict(map(_compile_analyze, todo))
+    else:
+        with concurrent.futures.ProcessPoolExecutor(jobs) as ex:
+            analyses = dict(ex.map(_compile_analyze, todo))
+    return [r for t in targets for hv in hvs for r in hot_rows(hv, t, analyses)]
 
 
 # ------------------------------------------------------------------------------ floors
@@ -645,16 +1068,51 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
      "spills: FP32 input on mma.sync targets, where every warp holds the whole A operand in three bf16 pieces; "
      "the dot by 32-column chunks leaves 48-88 B (one dot: 1240 B)"),
     ({"kernel": "compress", "dtype": "fp32", "target": "sm_89"}, "spills: as sm_80 FP32 input"),
+    # the collectives' launches (`--set hotpath`, floors `HOT_FLOORS`)
+    ({"kernel": "reduce_tagged", "target": "sm_90"},
+     "P = 2 and 4: one tile per program (a rank's piece of a 16 MiB slice at P = 2 is 256 tiles for 264 resident "
+     "programs), so each program's fixed work (the P tags checked, the output slot's tag, 64-bit row pointers) "
+     "is paid per tile, against a launch that moves only P + 1 wire bytes per element"),
+    ({"kernel": "reduce_tagged", "target": "sm_100"}, "as sm_90 at P = 2..8, against B200's 8 TB/s"),
+    ({"kernel": "reduce_tagged_dense", "target": "sm_100"},
+     "as the tagged reduce on sm_100, plus the inverse transform of the FP32 sums (three bf16 passes)"),
+    ({"kernel": "reduce_tagged", "target": "gfx942"},
+     "as sm_90's per-program work; every rank's FP8 codes decoded through the FNUZ conversions (the plain "
+     "fused reduce is at 81% on gfx942 too); INT8 is at 75-100%"),
+    ({"kernel": "reduce_tagged_dense", "target": "gfx942"}, "as the tagged reduce on gfx942, with the FP32 inverse "
+     "transform"),
+    ({"kernel": "compress_slots", "odd": True},
+     "odd sizes: a launch whose pieces do not all start at and hold multiples of 16 elements compiles with "
+     "ELEM_ALIGN = 1 and loads its input element by element (sm_90 0.41 -> 0.64 warp-instructions per element); "
+     "this path has no aligned main launch and tail yet"),
+    ({"kernel": "decompress_slots", "odd": True}, "odd sizes: as the slotted compress, for the output's stores"),
+    ({"kernel": "decompress_slots", "target": "gfx942", "collective": "all_reduce"},
+     "the all_reduce's overflow test (a magnitude test and a select per element, VALU) on top of the decode; "
+     "all_gather's decompress, which has none, reaches 94-100%"),
 )
 
 
+def _field(row: dict, k: str) -> str:
+    """A row's field as the table prints it; a field the row does not have (a plain launch's
+    collective, read back from CSV as NaN) is ""."""
+    v = row.get(k)
+    return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
 def _matches(row: dict, fields: dict) -> bool:
-    return all(str(row.get(k)) == str(v) for k, v in fields.items())
+    return all(_field(row, k) == str(v) for k, v in fields.items())
+
+
+_KEY = ("kernel", "target", "codec", "group_size", "hadamard", "scales", "rounding", "dtype", "num_warps", "num_stages",
+        "numel", "collective", "world", "message_mib", "odd")
 
 
 def _key(row: dict) -> tuple:
-    return tuple(str(row[k]) for k in ("kernel", "target", "codec", "group_size", "hadamard", "scales", "rounding",
-                                       "dtype", "num_warps", "num_stages", "numel"))
+    return tuple(_field(row, k) for k in _KEY)
+
+
+def _floor(row: dict) -> float | None:
+    return (HOT_FLOORS if _field(row, "collective") else FLOORS).get(row["target"])
 
 
 def check_floors(rows: list[dict], baseline: list[dict] | None = None) -> list[str]:
@@ -664,14 +1122,14 @@ def check_floors(rows: list[dict], baseline: list[dict] | None = None) -> list[s
     base = {_key(r): r for r in baseline or ()}
     problems = []
     for r in rows:
-        name = "/".join(_key(r)[:9])
+        name = "/".join(x for x in _key(r)[:9] + _key(r)[11:] if x)
         if not r["ok"]:
             problems.append(f"{name}: did not compile: {r['error']}")
             continue
         excepted = any(_matches(r, fields) for fields, _ in EXCEPTIONS)
         if r["spill_bytes"] and not excepted:
             problems.append(f"{name}: spills {r['spill_bytes']} B and no EXCEPTIONS entry names it")
-        floor = FLOORS.get(r["target"])
+        floor = _floor(r)
         if floor is None or r["pct_copy_bw_bound"] >= floor:
             continue
         if not excepted:
@@ -687,7 +1145,7 @@ def exceptions_table(rows: list[dict]) -> str:
     spilling that it is the first entry to name (count, lowest and highest % of copy bandwidth,
     largest spill) and its reason."""
     lines = ["| launches | below the floor or spilling | % of copy bandwidth | spill | why |", "|---|---|---|---|---|"]
-    short = [r for r in rows if r["ok"] and (r["pct_copy_bw_bound"] < FLOORS.get(r["target"], 0) or r["spill_bytes"])]
+    short = [r for r in rows if r["ok"] and (r["pct_copy_bw_bound"] < (_floor(r) or 0) or r["spill_bytes"])]
     for i, (fields, why) in enumerate(EXCEPTIONS):
         hit = [r for r in short if _matches(r, fields) and not any(_matches(r, f) for f, _ in EXCEPTIONS[:i])]
         if not hit:
@@ -700,18 +1158,30 @@ def exceptions_table(rows: list[dict]) -> str:
 
 
 def run(which: str, targets: list[str], jobs: int, only: str | None = None, numel: int | None = None) -> list[dict]:
-    work = [(v, t) for t in targets for v in select(variants(which, TARGETS[t].backend), only, numel)]
-    if jobs <= 1:
-        return [evaluate(v, t) for v, t in work]
-    with concurrent.futures.ProcessPoolExecutor(jobs) as ex:
-        return list(ex.map(_evaluate_star, work, chunksize=4))
+    """The rows of a set: the plain launches (none in "hotpath"), then the collectives' launches
+    (`hot_variants`; in "ci" on `HOT_CI["targets"]` only)."""
+    rows = []
+    if which != "hotpath":
+        work = [(v, t) for t in targets for v in select(variants(which, TARGETS[t].backend), only, numel)]
+        if jobs <= 1:
+            rows = [evaluate(v, t) for v, t in work]
+        else:
+            with concurrent.futures.ProcessPoolExecutor(jobs) as ex:
+                rows = list(ex.map(_evaluate_star, work, chunksize=4))
+    hvs = hot_variants(which)
+    if only:
+        want = dict(kv.split("=", 1) for kv in only.split(","))
+        hvs = [hv for hv in hvs if all(str(hv.row().get(k, v)) == v for k, v in want.items())]
+    hot_targets = [t for t in targets if which != "ci" or t in HOT_CI["targets"]]
+    return rows + run_hot(hvs, hot_targets, jobs) if hvs and hot_targets else rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--set", dest="which", choices=("ci", "quick", "subbyte", "full"), default="full",
-                    help="ci: default, INT8 and INT6 G=32 configs; quick: the default and its one-field neighbours; "
-                         "subbyte: every INT6/INT4 config; full: all")
+    ap.add_argument("--set", dest="which", choices=("ci", "quick", "subbyte", "hotpath", "full"), default="full",
+                    help="ci: default, INT8 and INT6 G=32 configs (and the collectives' launches of HOT_CI); quick: the "
+                         "default and its one-field neighbours; subbyte: every INT6/INT4 config (and the collectives' "
+                         "INT6/INT4 launches); hotpath: the collectives' launches; full: all")
     ap.add_argument("--quick", dest="which", action="store_const", const="quick", help="same as --set quick")
     ap.add_argument("--targets", default=None,
                     help=f"comma-separated targets of {sorted(TARGETS)} (default: all for the full set, else {','.join(QUICK_TARGETS)})")
@@ -746,8 +1216,9 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(json.loads(df.to_json(orient="records")), indent=1))
     if args.csv:
         df.to_csv(args.csv, index=False)
-    cols = ["kernel", "target", "codec", "group_size", "hadamard", "scales", "rounding", "dtype", "num_warps", "numel", "ok",
-            "regs", "spill_bytes", "instr_per_elem", "pct_copy_bw_bound", "bound_by", "pct_copy_bw_bound_worst"]
+    cols = ["kernel", "target", "collective", "world", "message_mib", "odd", "codec", "group_size", "hadamard", "scales",
+            "rounding", "dtype", "num_warps", "numel", "ok", "regs", "spill_bytes", "instr_per_elem", "pct_copy_bw_bound",
+            "bound_by", "pct_copy_bw_bound_worst"]
     with pd.option_context("display.width", 200, "display.max_rows", 400):
         print(df[[c for c in cols if c in df]].to_string(index=False))
     failed = df[~df["ok"]]

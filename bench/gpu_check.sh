@@ -10,9 +10,10 @@
 #   kernels_<dev>_<date>.csv            default config (fp8_e4m3, G=128, Hadamard), 1 MiB .. 1 GiB
 #   kernels_<dev>_<date>_variants.csv   int8 G=128 and fp8_e4m3 G=256 (as time allows)
 #   sweep CSV, autotune.json             the autotune sweep (autotune.json -> autotune/tuned/<gpu>.json)
+#   hotpath.csv          the collectives' launches: ms, logical GB/s, % of copy, the model's bound
 #   summary.json         status, rc and seconds of every step, plus a digest of the results
 #
-# That is 9 files, all at the top of $OUT: a small, fixed set to copy into the repository.
+# That is 10 files, all at the top of $OUT: a small, fixed set to copy into the repository.
 # Every step runs under `timeout` and the script goes on when one fails; the whole run keeps
 # within GPU_CHECK_BUDGET_S seconds (default 450, inside 8 minutes). summary.json is
 # rewritten after every step, so a killed run still leaves one.
@@ -242,6 +243,13 @@ else
     --csv "$OUT/"
 fi
 
+# 3b. The collectives' own launches (bench/hotpath_speed.py): the slotted compress, the tagged
+#     reduce and the slotted decompress of all_reduce, reduce_scatter and all_gather as rank 0 of
+#     P = 2, 4, 8, 16 builds them, 16 and 64 MiB, aligned and odd, FP8 and INT8: median ms, logical
+#     GB/s, % of a copy of the same bytes and the compile-time model's bound (hotpath.csv).
+run_step "$GPU" bench_hotpath 90 30 bench.log -- "$PY" bench/hotpath_speed.py --repeats 1 --time-budget @BUDGET@ \
+  --csv "$OUT/hotpath.csv"
+
 # 4. The autotune sweep of the main shapes (hidden 4096 and 8192, 4096..65536 tokens, bf16, G=128):
 #    writes the sweep CSV and $OUT/autotune.json, which becomes autotune/tuned/<gpu>.json.
 run_step "$GPU" autotune 120 60 bench.log -- "$PY" -m autotune.sweep --kernel compress,decompress,reduce \
@@ -262,7 +270,7 @@ else
 fi
 # ---------------------------------------------------------------------------------------------
 
-# 5. Variants (int8, G=256) with the time that is left. $OUT now holds its 9 files.
+# 5. Variants (int8, G=256) with the time that is left. $OUT now holds its 10 files.
 run_step "$GPU" bench_variants 110 40 bench.log -- "$PY" bench/kernel_speed.py --sizes "$SIZES" --time-budget @BUDGET@ \
   --config int8:128 --config fp8_e4m3:256 --tag variants --csv "$OUT/"
 

@@ -474,7 +474,7 @@ def test_launch_params_alone_choose_the_warps_of_the_slotted_compress():
 
     cpu, cfg = torch.device("cpu"), taco.CompressionConfig(scales="taco_fp32x2", group_size=256)
     assert _launch.launch_params("compress", cpu, torch.bfloat16, cfg, 8192)["num_warps"] == 4
-    assert _launch.launch_params("compress_slots", cpu, torch.bfloat16, cfg, 8192) == {"num_warps": 8, "num_stages": 2}
+    assert _launch.launch_params("compress_slots", cpu, torch.bfloat16, cfg, 8192) == {"num_warps": 8, "num_stages": 1}
     with _launch.forced({"num_warps": 2, "num_stages": 3}):
         assert _launch.launch_params("compress_slots", cpu, torch.bfloat16, cfg, 8192) == {"num_warps": 8, "num_stages": 3}
         assert _launch.launch_params("compress_slots", cpu, torch.bfloat16, cfg.replace(group_size=128), 8192) == {

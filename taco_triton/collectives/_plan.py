@@ -109,6 +109,55 @@ class Plan:
     def tag(self, stage: int, k: int, j: int) -> bytes:
         return _pg.tag(self.fp, stage, k, j)
 
+    def table_rows(self) -> list:
+        """Every slice's descriptor rows (host ints), [slice][0] the slots this rank compresses,
+        [slice][1] the slots it decompresses, padded with zero rows to one width."""
+        rows = []
+        for send, gathered in zip(self.sends, self.gathers):
+            send = slots.descriptors(*send)
+            recv = [] if gathered is None else slots.descriptors(*gathered)
+            width = max(len(send), len(recv))
+            pad = [[0] * slots.DESC]
+            rows.append([send + pad * (width - len(send)), recv + pad * (width - len(recv))])
+        width = max(len(r[0]) for r in rows)
+        pad = [[0] * slots.DESC]
+        return [[st + pad * (width - len(st)) for st in r] for r in rows]
+
+    def slice_launches(self, k: int, flat, dense, b: "Buffers", desc, err, target, params, seq_ptr=None) -> tuple:
+        """The (compress, reduce, decompress) `Launch`es of slice k (None where the shape has no
+        such stage), with `flat`, `dense`, the slice's buffers `b`, its descriptor tables `desc`
+        ([0] compress, [1] decompress) and the error record `err` as arguments (tensors, or
+        stand-ins when a launch is only compiled: bench/aot.py builds its launches here);
+        `params(kernel, dtype, numel)` the launch parameters, `target` the compile target,
+        `seq_ptr` the device counter stochastic seeds are salted with, or None."""
+        p, rank, cfg, sl, device = self.p, self.rank, self.config, self.slices[k], self.device
+        steps = {st.op for st in self.shape.stages}
+        from ..kernels.compress import compress_slots_launch
+
+        compress = compress_slots_launch(flat, b.send, desc[0], len(sl.piece), slots.total_tiles(sl.lays), cfg, target,
+                                         params("compress_slots", flat.dtype, max(lay.numel for lay in sl.lays)),
+                                         device, elem_align=slots.elem_align(sl.piece), seq_ptr=seq_ptr)
+        reduce = decompress = None
+        if REDUCE in steps:
+            from ..kernels.reduce import reduce_launch
+
+            lay, stride = sl.lays[rank], sl.strides[rank]
+            dense_reduce = self.shape.dense_reduce
+            own = dense if dense_reduce else b.own
+            strides = (stride, stride // 4, stride if cfg.scales == "dual" else stride // 4)
+            tags = (err, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot)
+            reduce = reduce_launch(b.rows, b.rows, b.rows, strides, p, own, own, own, own, lay.numel, cfg,
+                                   self.scale, dense_reduce, target, params("reduce", torch.uint8, lay.numel), device,
+                                   self.inf_above if dense_reduce else math.inf, tags=tags, seq_ptr=seq_ptr)
+        if DECOMPRESS in steps:
+            from ..kernels.decompress import decompress_slots_launch
+
+            lays, pieces = self.gathers[k].layouts, self.gathers[k].pieces
+            decompress = decompress_slots_launch(b.gathered, dense, desc[1], err, p, slots.total_tiles(lays), cfg, target,
+                                                 params("decompress_slots", dense.dtype, max(lay.numel for lay in lays)),
+                                                 device, self.inf_above, elem_align=slots.elem_align(pieces))
+        return compress, reduce, decompress
+
 
 class TritonPlan(Plan):
     """A plan on the Triton path: descriptor tables, prepared launches, error records, reused
@@ -122,19 +171,8 @@ class TritonPlan(Plan):
         self._build_tables()
 
     def _build_tables(self) -> None:
-        """Every slice's descriptor rows in one device table (one copy, at plan time):
-        [slice][0] the slots this rank compresses, [slice][1] the slots it decompresses."""
-        rows = []
-        for send, gathered in zip(self.sends, self.gathers):
-            send = slots.descriptors(*send)
-            recv = [] if gathered is None else slots.descriptors(*gathered)
-            width = max(len(send), len(recv))
-            pad = [[0] * slots.DESC]
-            rows.append([send + pad * (width - len(send)), recv + pad * (width - len(recv))])
-        width = max(len(r[0]) for r in rows)
-        pad = [[0] * slots.DESC]
-        rows = [[st + pad * (width - len(st)) for st in r] for r in rows]
-        self.desc = slots.table(rows, self.device)
+        """Every slice's descriptor rows in one device table (one copy, at plan time)."""
+        self.desc = slots.table(self.table_rows(), self.device)
 
     def _prepare(self, flat: torch.Tensor, dense: torch.Tensor) -> None:
         """Everything the Triton path's calls reuse: per slice the prepared launches (built with
@@ -149,48 +187,22 @@ class TritonPlan(Plan):
     def _launches(self, flat: torch.Tensor, dense: torch.Tensor, seq_ptr) -> list:
         """Per slice its (compress, reduce, decompress) prepared launches (None where the shape
         has no such stage); `seq_ptr` the device counter stochastic seeds are salted with, or None."""
-        p, rank, cfg = self.p, self.rank, self.config
-        bufs = self._new_buffers()
-        target, device = target_of(self.device), self.device
+        device, cfg = self.device, self.config
         err = self.errors.claim()  # the launches' template argument; each call passes its own record
         self.errors.release(err)
-        err = err.tensor
-        steps = {st.op for st in self.shape.stages}
+
+        def params(kernel, dtype, numel):
+            return launch_params(kernel, device, dtype, cfg, numel)
+
+        varying = (("x_ptr", "out_ptr", "seed"),
+                   ("in_codes_ptr", "in_a_ptr", "in_b_ptr", "out_codes_ptr", "out_a_ptr", "out_b_ptr", "out_ptr", "seed",
+                    "err_ptr", "k", "seq"),
+                   ("data_ptr", "out_ptr", "err_ptr", "k", "seq"))
         launches = []
-        for k, (sl, b) in enumerate(zip(self.slices, bufs)):
-            compress = decompress = reduce = None
-            from ..kernels.compress import compress_slots_launch
-
-            launch = compress_slots_launch(flat, b.send, self.desc[k, 0], len(sl.piece), slots.total_tiles(sl.lays),
-                                           cfg, target, launch_params("compress_slots", device, flat.dtype, cfg,
-                                                                      max(lay.numel for lay in sl.lays)),
-                                           device, elem_align=slots.elem_align(sl.piece), seq_ptr=seq_ptr)
-            compress = Prepared(launch, ("x_ptr", "out_ptr", "seed"))
-            if REDUCE in steps:
-                from ..kernels.reduce import reduce_launch
-
-                lay, stride = sl.lays[rank], sl.strides[rank]
-                dense_reduce = self.shape.dense_reduce
-                own = dense if dense_reduce else b.own
-                strides = (stride, stride // 4, stride if cfg.scales == "dual" else stride // 4)
-                tags = (err, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot)
-                launch = reduce_launch(b.rows, b.rows, b.rows, strides, p, own, own, own, own, lay.numel, cfg,
-                                       self.scale, dense_reduce, target,
-                                       launch_params("reduce", device, torch.uint8, cfg, lay.numel), device,
-                                       self.inf_above if dense_reduce else math.inf, tags=tags, seq_ptr=seq_ptr)
-                reduce = Prepared(launch, ("in_codes_ptr", "in_a_ptr", "in_b_ptr", "out_codes_ptr", "out_a_ptr", "out_b_ptr",
-                                           "out_ptr", "seed", "err_ptr", "k", "seq"))
-            if DECOMPRESS in steps:
-                from ..kernels.decompress import decompress_slots_launch
-
-                lays, pieces = self.gathers[k].layouts, self.gathers[k].pieces
-                launch = decompress_slots_launch(b.gathered, dense, self.desc[k, 1], err, p,
-                                                 slots.total_tiles(lays), cfg, target,
-                                                 launch_params("decompress", device, dense.dtype, cfg,
-                                                               max(lay.numel for lay in lays)),
-                                                 device, self.inf_above, elem_align=slots.elem_align(pieces))
-                decompress = Prepared(launch, ("data_ptr", "out_ptr", "err_ptr", "k", "seq"))
-            launches.append(tuple(x and x.call for x in (compress, reduce, decompress)))  # plain functions
+        for k, b in enumerate(self._new_buffers()):
+            built = self.slice_launches(k, flat, dense, b, self.desc[k], err.tensor, target_of(device), params, seq_ptr)
+            # plain functions
+            launches.append(tuple(x and Prepared(x, names).call for x, names in zip(built, varying)))
         return launches
 
     def _new_buffers(self) -> list:

@@ -147,7 +147,16 @@ WARP_FLOORS = (
 )
 
 # Kernel names that look up another's tuned entries and heuristic.
-_TUNED_AS = {"compress_slots": "compress"}
+_TUNED_AS = {"compress_slots": "compress", "decompress_slots": "decompress"}
+
+#: Pipeline stages of the collectives' slotted kernels, whatever chose them (a tuned entry, the
+#: heuristic; not a forced block). Their launches are short, a few tiles per program (a 16 MiB
+#: all_reduce at P = 8: 1024 tiles over 396 programs on sm_90), so a second stage only peels a
+#: tile's loads into every program's prologue (and on gfx942 stages them through LDS).
+#: bench/aot.py, all_reduce 16 MiB at P = 8, FP8, % of copy bandwidth with 2 stages -> 1: gfx942
+#: compress 65 -> 100, decompress 50 -> 78; sm_100 compress 60-80 -> 100 (no spill); sm_90
+#: compress 0.47 -> 0.41 and decompress 0.44 -> 0.39 warp-instructions per element.
+SLOT_STAGES = {"compress_slots": 1, "decompress_slots": 1}
 
 
 def heuristic(kernel: str, config: CompressionConfig, backend: str = "cuda") -> dict:
@@ -196,20 +205,25 @@ def register_tuned_lookup(lookup) -> None:
     _tuned_lookup = lookup
 
 
-def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config: CompressionConfig, numel: int) -> dict:
-    """Launch parameters for `kernel` ("compress", "compress_slots", "decompress", "reduce") on this problem."""
+def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config: CompressionConfig, numel: int,
+                  backend: str = "cuda") -> dict:
+    """Launch parameters for `kernel` ("compress", "compress_slots", "decompress",
+    "decompress_slots", "reduce") on this problem; `backend` ("cuda", "hip"): whose heuristic a
+    device that is no GPU gets (the interpreter; bench/aot.py compiling for a target)."""
     base = _TUNED_AS.get(kernel, kernel)
     pinned = _FORCED.get()
     if pinned is not None:
         found = pinned
     elif device.type != "cuda" or interpreting():
         autotune_mode()  # unused here, but a TACO_AUTOTUNE typo raises on every backend, not only on GPUs
-        found = heuristic(base, config)
+        found = heuristic(base, config, backend)
     else:
         found = _tuned_lookup(base, device, dtype, config, numel) if _tuned_lookup is not None else None
         # a ROCm build of torch drives AMD GPUs only: no device query needed for the backend
         if found is None:
             found = heuristic(base, config, "hip" if torch.version.hip is not None else "cuda")
+    if pinned is None and kernel in SLOT_STAGES:
+        found = {**found, "num_stages": SLOT_STAGES[kernel]}
     for k, dual, g, warps in WARP_FLOORS:
         if (k == kernel and dual in (None, config.scales == "dual") and g in (None, config.group_size)
                 and found.get("num_warps", 4) < warps):

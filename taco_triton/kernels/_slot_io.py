@@ -60,3 +60,15 @@ def record_error(err_ptr, k, src, got, want, seq):
     tl.store(err_ptr + 4, want)
     tl.store(err_ptr + 5, seq.to(tl.int64))
     tl.store(err_ptr, 1)
+
+
+@triton.jit
+def slot_of(desc_ptr, n_slots, g, MAX_SLOTS: tl.constexpr):
+    """The slot that holds tile `g` of a launch whose tiles are dealt across slots (a slot's tiles
+    start at its descriptor's TILE_BASE, the tiles of the slots before it): the last slot whose
+    TILE_BASE is at most g (an empty slot shares the next one's base and is passed over). One
+    vector load of the table's TILE_BASE column (MAX_SLOTS >= n_slots, a power of two) and a
+    count: no loop over slots, no division."""
+    j = tl.arange(0, MAX_SLOTS)
+    bases = tl.load(desc_ptr + j * DESC + TILE_BASE, mask=j < n_slots, other=9223372036854775807)
+    return tl.sum((bases <= g).to(tl.int32), axis=0) - 1

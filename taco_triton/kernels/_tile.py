@@ -54,6 +54,21 @@ def aligned_split(numel: int) -> int:
     return numel // TILE_ELEMS * TILE_ELEMS
 
 
+def check_inf_above(inf_above: float, dtype) -> None:
+    """ValueError unless `inf_above` (see `store_dense`) is infinite or at least the magnitude from
+    which a cast to `dtype` (bf16, fp16, fp32; round to nearest) gives +-inf: its largest finite
+    value plus half an ulp there."""
+    import math
+
+    import torch
+
+    fi = torch.finfo(dtype)
+    edge = fi.max + 2.0 ** (math.floor(math.log2(fi.max)) + math.log2(fi.eps) - 1)
+    if inf_above < edge:
+        raise ValueError(f"inf_above={inf_above!r} is below {edge!r}, where a cast to {dtype} rounds to inf: "
+                         "values between would saturate in the reference and not here")
+
+
 @triton.jit
 def tile_rows(tile, n_groups, ROWS: tl.constexpr, G: tl.constexpr):
     """(rows [ROWS] int64, element offsets [ROWS, G] int64, rows < n_groups) of tile number `tile`."""
@@ -177,9 +192,12 @@ def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr, O
     """Clamp y to the output dtype's finite range (NaN stays NaN), cast, store the valid part.
 
     OVERFLOW: magnitudes above `inf_above` become +-inf, so an overflowed reduced sum stays visible
-    (reference.saturate_cast); a constexpr, so plain decompression does not pay for the test."""
+    (reference.saturate_cast); a constexpr, so plain decompression does not pay for the test. The
+    launchers check that `inf_above` is at least where the cast rounds to +-inf (`check_inf_above`),
+    so there y unclamped casts to +-inf: one test of the magnitude and one select per element
+    where the reference takes two of each (NaN fails the test and keeps the clamp's NaN)."""
     c = tl.clamp(y, -out_max, out_max, propagate_nan=tl.PropagateNan.ALL)
     if OVERFLOW:
-        c = tl.where(y > inf_above, float("inf"), tl.where(y < -inf_above, float("-inf"), c))
+        c = tl.where(tl.abs(y) > inf_above, y, c)
     y = c
     tl.store(out_ptr + offs, to_out_dtype(y, out_ptr, HW), mask=offs < numel)

@@ -28,7 +28,6 @@ from ._slot_io import (
     ELEM_OFF,
     N_GROUPS,
     N_SB,
-    N_TILES,
     NBYTES,
     NUMEL,
     SLOT_END,
@@ -36,6 +35,7 @@ from ._slot_io import (
     TAG,
     TILE_BASE,
     salt_in_kernel,
+    slot_of,
     write_tag,
 )
 
@@ -95,18 +95,20 @@ def _compress_kernel(
 
 @triton.jit(do_not_specialize=["seed"])
 def _compress_slots_kernel(
-    x_ptr, out_ptr, desc_ptr, h_ptr, h16_ptr, n_chunks, seed, seq_ptr,
+    x_ptr, out_ptr, desc_ptr, h_ptr, h16_ptr, n_chunks, n_tiles, seed, seq_ptr,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
-    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False,
+    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False, MAX_SLOTS: tl.constexpr = 1,
 ):
     """Compress n_chunks pieces of x, each into its slot of one wire buffer, and write each slot's
     tag and zero padding: the whole send buffer of a collective's pipeline slice in one launch.
 
-    desc_ptr: the slots' descriptor rows (`slots.py`). Tiles are dealt to programs across chunks
-    (a chunk's tiles start where the previous chunk's ended), so small chunks do not all land on
-    the first programs. Chunk j's stochastic seed is `slots.salt(seed, j)` (the caller salts
+    desc_ptr: the slots' descriptor rows (`slots.py`). The launch's n_tiles tiles are numbered
+    across chunks (a chunk's tiles start where the previous chunk's ended, TILE_BASE) and dealt
+    to programs round robin, so small chunks do not all land on the first programs; a program
+    finds each of its tiles' slot (`slot_of`) and reads only that slot's descriptor, and slot j's
+    tag is written by program j mod the programs (MAX_SLOTS: a power of two >= n_chunks). Chunk j's stochastic seed is `slots.salt(seed, j)` (the caller salts
     `seed` with the rank, call and slice); with `seq_ptr` (None: not compiled in) `seed` is first
     salted with the int64 it points to, a counter CUDA graph replays advance on the device
     (`slots.seed_counter`). ELEM_ALIGN: every piece starts at, and holds, a multiple of this many
@@ -120,19 +122,20 @@ def _compress_slots_kernel(
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    for j in range(n_chunks):
+    for j in range(pid, n_chunks, nprog):  # each slot's tag and padding, by one program
+        d = desc_ptr + j * DESC
+        write_tag(out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16), tl.load(d + NBYTES), tl.load(d + SLOT_END),
+                  tl.load(d + TAG))
+    for g in range(pid, n_tiles, nprog):  # tile g of the launch: tile g - TILE_BASE of its slot
+        j = slot_of(desc_ptr, n_chunks, g, MAX_SLOTS)
         d = desc_ptr + j * DESC
         elem_off = tl.load(d + ELEM_OFF)
         if ELEM_ALIGN > 1:
             elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
-        slot_off = tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
-        slot = out_ptr + slot_off
-        n_tiles = tl.load(d + N_TILES)
+        slot = out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
         numel = tl.load(d + NUMEL)
         if ELEM_ALIGN > 1:  # the masks of whole vectors are uniform: loads and stores stay vectors
             numel = tl.multiple_of(numel, ELEM_ALIGN)
-        n_groups = tl.load(d + N_GROUPS)
-        n_sb = tl.load(d + N_SB)
         a_ptr = (slot + tl.multiple_of(tl.load(d + A_OFF), 4)).to(tl.pointer_type(tl.float32))
         b_ptr = slot + tl.load(d + B_OFF)
         if not DUAL:
@@ -140,14 +143,10 @@ def _compress_slots_kernel(
         chunk_seed = seed
         if ROUND == STOCHASTIC:
             chunk_seed = salt_in_kernel(seed, j)
-        first = (pid + nprog - tl.load(d + TILE_BASE) % nprog) % nprog
-        x_chunk = x_ptr + elem_off
-        for tile in range(first, n_tiles, nprog):
-            _compress_tile(x_chunk, slot, a_ptr, b_ptr, h, h16, tile, numel, n_groups, n_sb, chunk_seed,
-                           G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                           OP16, DOT_PREC, KRON, CDNA, K_CHUNKS)
-        if pid == j % nprog:
-            write_tag(slot, tl.load(d + NBYTES), tl.load(d + SLOT_END), tl.load(d + TAG))
+        _compress_tile(x_ptr + elem_off, slot, a_ptr, b_ptr, h, h16, g - tl.load(d + TILE_BASE), numel,
+                       tl.load(d + N_GROUPS), tl.load(d + N_SB), chunk_seed,
+                       G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
+                       OP16, DOT_PREC, KRON, CDNA, K_CHUNKS)
 
 
 def _int4_words(config: CompressionConfig) -> bool:
@@ -222,10 +221,11 @@ def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: Comp
     `elem_align` a number of elements every piece's first element and size are multiples of (16
     keeps vector loads; 1 assumes nothing), `seq_ptr` a device counter the stochastic seed is
     salted with on the device (`slots.seed_counter`; None: not used)."""
-    meta = _meta(x.dtype, config, target, params, out.data_ptr(), ELEM_ALIGN=elem_align)
+    meta = _meta(x.dtype, config, target, params, out.data_ptr(), ELEM_ALIGN=elem_align,
+                 MAX_SLOTS=triton.next_power_of_2(max(n_slots, 1)))
     h, h16 = _tables(x.dtype, config, meta, device)
     return Launch(_compress_slots_kernel, n_tiles,
-                  dict(x_ptr=x, out_ptr=out, desc_ptr=desc, h_ptr=h, h16_ptr=h16, n_chunks=n_slots,
+                  dict(x_ptr=x, out_ptr=out, desc_ptr=desc, h_ptr=h, h16_ptr=h16, n_chunks=n_slots, n_tiles=n_tiles,
                        seed=config.seed if seed is None else seed, seq_ptr=seq_ptr), meta, device)
 
 

@@ -20,7 +20,7 @@ from ..layout import WireLayout
 from ._common import E4M3, INT8, codec_constexprs, decode_target_codes, hadamard_rows, load_codes, load_tables
 from ._launch import Launch, Target, launch_meta, launch_params, op16, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
-from ._tile import TILE_ELEMS, aligned_split, load_scales, pin_rows, store_dense, tile_rows
+from ._tile import TILE_ELEMS, aligned_split, check_inf_above, load_scales, pin_rows, store_dense, tile_rows
 from ._slot_io import (
     A_OFF,
     B_OFF,
@@ -28,7 +28,6 @@ from ._slot_io import (
     ELEM_OFF,
     N_GROUPS,
     N_SB,
-    N_TILES,
     NBYTES,
     NUMEL,
     SLOT_OFF,
@@ -37,6 +36,7 @@ from ._slot_io import (
     TILE_BASE,
     read_tag,
     record_error,
+    slot_of,
 )
 
 
@@ -49,7 +49,8 @@ def _decompress_tile(
     CDNA: tl.constexpr = 0,
 ):
     """Decompress tile number `tile` of one wire buffer; CHECKED: all NaN where `bad` (a slot
-    whose tag did not match)."""
+    whose tag did not match): each row's scale factor is NaN then, and so every product with it,
+    one select per row instead of one per element."""
     ROWS: tl.constexpr = SBT * GPS
     rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
     codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
@@ -68,11 +69,14 @@ def _decompress_tile(
                           CODEC == E4M3 and G >= 64 and DOT_PREC == "tf32x3" and not FP8_HW)
         if not DUAL:  # after the dot: taco_fp32x2's division per group, held across it, spilled on sm_80
             sigma = load_scales(tile, rows, row_ok, n_sb, scale_a_ptr, scale_b_ptr, DUAL, SBT, GPS)
-        y = y * (2.0 * sigma)[:, None]
+        f = 2.0 * sigma
+        if CHECKED:
+            f = tl.where(bad, float("nan"), f)
+        y = y * f[:, None]
     else:
+        if CHECKED:
+            sigma = tl.where(bad, float("nan"), sigma)
         y = decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32, DOT_PREC == "tf32x3") * sigma[:, None]
-    if CHECKED:
-        y = tl.where(bad, float("nan"), y)
     store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
 
 
@@ -100,30 +104,32 @@ def _decompress_kernel(
 
 @triton.jit(do_not_specialize=["k", "seq"])
 def _decompress_slots_kernel(
-    data_ptr, out_ptr, desc_ptr, err_ptr, h_ptr, h16_ptr, n_chunks, out_max, inf_above, k, seq,
+    data_ptr, out_ptr, desc_ptr, err_ptr, h_ptr, h16_ptr, n_chunks, n_tiles, out_max, inf_above, k, seq,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
     PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
-    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0,
+    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, MAX_SLOTS: tl.constexpr = 1,
 ):
     """Decompress n_chunks slots of one received buffer into their pieces of out, in one launch.
 
-    Each slot's tag is checked first: a slot whose tag differs from the expected one (descriptor
-    TAG) decodes to all NaN and fills the error record at err_ptr with (slice k, the slot's
-    source, the tag found, the tag expected, call seq).
+    Each slot's tag is checked: a slot whose tag differs from the expected one (descriptor TAG)
+    decodes to all NaN (each tile of it checks the tag) and fills the error record at err_ptr with
+    (slice k, the slot's source, the tag found, the tag expected, call seq), written by program 0
+    alone (the last such slot). Tiles are dealt as in `_compress_slots_kernel`.
     """
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    for j in range(n_chunks):
+    if tl.program_id(0) == 0:  # the error record: the last slot whose tag differs, as the host reads it
+        for j in range(n_chunks):
+            d = desc_ptr + j * DESC
+            got = read_tag(data_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16), tl.load(d + NBYTES))
+            if got != tl.load(d + TAG):
+                record_error(err_ptr, k, tl.load(d + SRC), got, tl.load(d + TAG), seq)
+    for g in range(tl.program_id(0), n_tiles, tl.num_programs(0)):  # as `_compress_slots_kernel`
+        j = slot_of(desc_ptr, n_chunks, g, MAX_SLOTS)
         d = desc_ptr + j * DESC
         slot = data_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
-        got = read_tag(slot, tl.load(d + NBYTES))
-        want = tl.load(d + TAG)
-        bad = got != want
-        if bad & (pid == 0):
-            record_error(err_ptr, k, tl.load(d + SRC), got, want, seq)
+        bad = read_tag(slot, tl.load(d + NBYTES)) != tl.load(d + TAG)
         a_ptr = (slot + tl.multiple_of(tl.load(d + A_OFF), 4)).to(tl.pointer_type(tl.float32))
         b_ptr = slot + tl.load(d + B_OFF)
         if not DUAL:
@@ -131,23 +137,18 @@ def _decompress_slots_kernel(
         elem_off = tl.load(d + ELEM_OFF)
         if ELEM_ALIGN > 1:
             elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
-        out_chunk = out_ptr + elem_off
         numel = tl.load(d + NUMEL)
         if ELEM_ALIGN > 1:  # the masks of whole vectors are uniform: loads and stores stay vectors
             numel = tl.multiple_of(numel, ELEM_ALIGN)
-        n_groups = tl.load(d + N_GROUPS)
-        n_sb = tl.load(d + N_SB)
-        n_tiles = tl.load(d + N_TILES)
-        first = (pid + nprog - tl.load(d + TILE_BASE) % nprog) % nprog
-        for tile in range(first, n_tiles, nprog):
-            _decompress_tile(slot, a_ptr, b_ptr, out_chunk, h, h16, tile, numel, n_groups, n_sb, out_max, inf_above,
-                             bad, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC,
-                             OVERFLOW, True, KRON, CDNA)
+        _decompress_tile(slot, a_ptr, b_ptr, out_ptr + elem_off, h, h16, g - tl.load(d + TILE_BASE), numel,
+                         tl.load(d + N_GROUPS), tl.load(d + N_SB), out_max, inf_above, bad, G, GPS, SBT, CODEC, BITS,
+                         PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC, OVERFLOW, True, KRON, CDNA)
 
 
 def _meta(out_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int,
           inf_above: float, **extra) -> dict:
     """The constexprs of both decompress kernels (`extra`: those of one) and the launch options."""
+    check_inf_above(inf_above, out_dtype)
     return launch_meta(
         target, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
         **codec_constexprs(config.spec, code_address), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
@@ -201,11 +202,12 @@ def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int,
     `slots.ErrorRecord` tensor. The arguments k (slice) and seq (call) name the call in an error
     record: 0 here; `Prepared` passes them per call. `elem_align`: as in
     `compress.compress_slots_launch`, for the pieces of `out`."""
-    meta = _meta(out.dtype, config, target, params, data.data_ptr(), inf_above, ELEM_ALIGN=elem_align)
+    meta = _meta(out.dtype, config, target, params, data.data_ptr(), inf_above, ELEM_ALIGN=elem_align,
+                 MAX_SLOTS=triton.next_power_of_2(max(n_slots, 1)))
     h, h16 = _tables(config, meta, device)
     return Launch(_decompress_slots_kernel, n_tiles,
                   dict(data_ptr=data, out_ptr=out, desc_ptr=desc, err_ptr=errors, h_ptr=h, h16_ptr=h16,
-                       n_chunks=n_slots, out_max=torch.finfo(out.dtype).max, inf_above=inf_above, k=0, seq=0),
+                       n_chunks=n_slots, n_tiles=n_tiles, out_max=torch.finfo(out.dtype).max, inf_above=inf_above, k=0, seq=0),
                   meta, device)
 
 

@@ -31,7 +31,7 @@ from ._common import (
 )
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
-from ._tile import load_scales, quantize_store, store_dense, taco_prescale, tile_rows
+from ._tile import check_inf_above, load_scales, quantize_store, store_dense, taco_prescale, tile_rows
 from ._slot_io import read_tag, record_error, salt_in_kernel, write_tag
 
 
@@ -82,14 +82,14 @@ def _reduce_kernel(
         for _p in range(n_ranks):
             codes = load_codes(c_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
             sigma = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
+            if TAGGED:  # a NaN factor per row makes the whole sum NaN: one select per row, not per element
+                sigma = tl.where(bad, float("nan"), sigma)
             acc += decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32, DOT_PREC == "tf32x3") * sigma[:, None]
             c_ptr += stride_codes
             a_ptr += stride_a
             b_ptr += stride_b
         if SCALED:  # x * 1.0 is x bit for bit: a plain sum skips the multiply per element
             acc = acc * scale
-        if TAGGED:
-            acc = tl.where(bad, float("nan"), acc)
         if DENSE:
             if HADAMARD:
                 acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC, KRON) * 2.0
@@ -139,6 +139,8 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     `compress.compress_slots_launch`. Raises ValueError for n_ranks < 1."""
     if n_ranks < 1:
         raise ValueError(f"the reduce sums at least one rank's buffer, got n_ranks={n_ranks}")
+    if dense:
+        check_inf_above(inf_above, target_out.dtype)
     layout = WireLayout.of(numel, config)
     code_addresses = (in_c.data_ptr(), strides[0]) + (() if dense else (o_c.data_ptr(),))
     h, h16 = hadamard_tables(config.group_size, 1.0, torch.float32, device, shaped=device is None)
