@@ -52,8 +52,11 @@ program), so their per-program and per-slot work weighs: each is counted over th
 (`launch_weights`: the natural loops of the control-flow graph, run as many times as the plan's
 programs, slots, tiles and ranks make them), and divided by the elements the launch processes;
 bytes_per_elem counts what it reads and writes (slots with their tags and padding). Extra
-columns: collective, world, message_mib, odd, slots, tiles, programs (the grid), launches (one
-per slice). Floors: `HOT_FLOORS`.
+columns: collective, world, message_mib, odd, slots, tiles, slow_tiles (those a launch compiled
+for any alignment runs element by element: a partial last tile of an odd-sized piece, every tile
+of a piece that starts off a multiple of 16 elements; their path is weighed apart from the vector
+one, `tile_arms`), programs (the grid), launches (one per slice). Floors: `HOT_FLOORS`, and an
+odd-sized launch within `ODD_WITHIN` of its aligned twin.
 
 Usage:
     python bench/aot.py --set hotpath                 # the collectives' launches, 5 targets
@@ -342,8 +345,11 @@ def _loop_bodies(instrs: list[tuple[int, str]], is_branch, target_of) -> list[tu
 
 def _sass_successors(instrs) -> list[list[int]]:
     """The control-flow successors of each SASS instruction (by index): the next one unless an
-    unpredicated branch, EXIT or RET ends the path, and a branch's target. A CALL returns."""
-    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    unpredicated branch, EXIT or RET ends the path, and a branch's target (the first instruction
+    at or after it: the NOPs `instrs` leaves out are often branch targets). A CALL returns."""
+    import bisect
+
+    addrs = [addr for addr, _ in instrs]
     out = []
     for i, (_, text) in enumerate(instrs):
         predicated = text.startswith("@")
@@ -353,8 +359,10 @@ def _sass_successors(instrs) -> list[list[int]]:
             succ.append(i + 1)
         if op.startswith("BRA"):
             g = re.search(r"0x([0-9a-f]+)\s*$", text)
-            if g and int(g.group(1), 16) in index:
-                succ.append(index[int(g.group(1), 16)])
+            if g:  # a target on a NOP (not in `instrs`) is the next instruction kept
+                j = bisect.bisect_left(addrs, int(g.group(1), 16))
+                if j < len(instrs) and (j or addrs[0] == int(g.group(1), 16)):
+                    succ.append(j)
         out.append([j for j in succ if j < len(instrs)])
     return out
 
@@ -437,7 +445,8 @@ def _cfg_loops(instrs, succ) -> dict:
                         if q not in body and q in reached:
                             body.add(q)
                             stack.append(q)
-    return {"reached": sorted(reached), "loops": [(h, sorted(b)) for h, b in sorted(bodies.items())]}
+    return {"reached": sorted(reached), "loops": [(h, sorted(b)) for h, b in sorted(bodies.items())],
+            "idom": idom, "succ": succ}
 
 
 def _per_tile_instructions(instrs, loops, ranks: int) -> tuple[int, list]:
@@ -814,7 +823,8 @@ def hot_launches(hv: HotVariant, gpu: GPU) -> list[dict]:
     """Every launch of the call, per slice, as the plan builds it (`Plan.slice_launches`), with
     the launch parameters the library picks on `gpu`'s backend: dicts of kernel ("compress_slots",
     "reduce_tagged", "reduce_tagged_dense", "decompress_slots"), slice, launch, and what the model
-    amortizes over (slots, tiles, elements, bytes moved)."""
+    amortizes over (slots, tiles, elements, bytes moved; `slow_tiles`: the tiles a launch runs
+    element-wise where it has two paths, `slots.slow_tiles` or a dense reduce's last, else None)."""
     from taco_triton.collectives._plan import Buffers
     from taco_triton.kernels import slots
     from taco_triton.kernels._launch import Target, launch_params
@@ -822,7 +832,8 @@ def hot_launches(hv: HotVariant, gpu: GPU) -> list[dict]:
     plan, src, dst = hot_plan(hv)
     target = Target(gpu.backend, gpu.arch, gpu.warp)
     err = torch.empty(slots.ERR_FIELDS, dtype=torch.int64, device=plan.device)
-    tables = torch.tensor(plan.table_rows(), dtype=torch.int64).to(plan.device)
+    rows = plan.table_rows()
+    tables = torch.tensor(rows, dtype=torch.int64).to(plan.device)
     item = DTYPES[hv.dtype].itemsize
 
     def params(kernel, dtype, numel):  # the library's choice without a tuned file, on gpu's backend
@@ -847,6 +858,12 @@ def hot_launches(hv: HotVariant, gpu: GPU) -> list[dict]:
                         "elements": n_recv, "bytes": b.gathered.numel() + n_recv * item})
     for x in out:
         x["tiles"] = x["launch"].n_tiles
+        side = {"compress_slots": 0, "decompress_slots": 1}.get(x["kernel"])
+        if side is not None:
+            x["slow_tiles"] = (None if x["launch"].meta.get("ELEM_ALIGN", 1) > 1
+                               else slots.slow_tiles(rows[x["slice"]][side]))
+        else:  # a dense reduce of an odd size: its last tile stores element by element
+            x["slow_tiles"] = 1 if x["launch"].meta.get("SPLIT") else None
     return out
 
 
@@ -866,7 +883,47 @@ def compile_key(launch, gpu: GPU) -> tuple:
             repr(sorted(attrs.items())), repr(sorted(options.__dict__.items())))
 
 
-def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, ranks: int) -> list[tuple[int, float]]:
+def _global_access(text: str) -> bool:
+    """Whether an instruction (SASS or AMDGCN) loads or stores global memory."""
+    op = text.split()[1 if text.startswith("@") else 0] if text.split() else ""
+    return op.startswith(("LDG", "STG", "global_load", "global_store", "buffer_load", "buffer_store"))
+
+
+def tile_arms(a: dict, body: frozenset, header: int) -> tuple[set, set] | None:
+    """(vector path, element-wise path) of the tile loop whose `body` and `header` are given, in a
+    slotted kernel compiled for any alignment (each tile runs one of two paths, `slots.fast_tiles`):
+    the two largest pieces of code of the loop that do not run in every iteration, each the code a
+    branch's side dominates (the two sides of one branch on NVIDIA; AMD's structurizer makes them
+    two one-sided branches in turn), leaving out any that holds an inner loop (the fused reduce's
+    loop over ranks, which AMD guards by a branch). The element-wise path is the one with more
+    global loads and stores (a 16-byte vector access is one instruction where eight 2-byte ones
+    are eight). None when the loop has no two such pieces or they do not differ in accesses."""
+    cfg, instrs = a["cfg"], a["instrs"]
+    idom, succ = cfg.get("idom"), cfg.get("succ")
+    if idom is None:
+        return None
+    latches = [i for i in body if header in succ[i]]
+
+    def dominates(x, v):
+        while v != x and v != 0:
+            v = idom[v]
+        return v == x
+
+    always = {i for i in body if all(dominates(i, q) for q in latches)}
+    nested = {i for h, b in cfg["loops"] if h != header and set(b) < body for i in b}
+    sides = {q for b in always for q in succ[b] if q in body and q not in always and idom.get(q) == b}
+    pieces = [p for p in ({i for i in body - always if dominates(q, i)} for q in sides) if not p & nested]
+    pieces = sorted(pieces, key=len, reverse=True)[:2]
+    if len(pieces) < 2:
+        return None
+    fast, slow = sorted(pieces, key=lambda p: sum(_global_access(instrs[i][1]) for i in p))
+    if sum(map(_global_access, (instrs[i][1] for i in fast))) >= sum(map(_global_access, (instrs[i][1] for i in slow))):
+        return None
+    return fast, slow
+
+
+def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, ranks: int,
+                   slow_tiles: int | None = None) -> list[tuple[int, float]]:
     """(instruction index, times it runs in the whole launch) for a compiled launch: the model of
     one launch of a collective, its per-program and per-slot work counted, not only its tile loop.
 
@@ -879,7 +936,10 @@ def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, 
     every program; the output's padding, an upper bound), `ranks` times per run of what encloses
     it; in a slotted kernel (a slot's tag and padding, one program per slot) `slots` times in all.
     Code outside loops runs once per program; code no path from the entry reaches (slow-path subroutines: their
-    calls are counted apart) never. Code on a skipped branch counts, as in the plain model."""
+    calls are counted apart) never. With `slow_tiles` (a slotted kernel compiled for any alignment,
+    `slots.slow_tiles` of its descriptor rows; a dense reduce of an odd size, its last tile), the
+    tile loop's two paths (`tile_arms`) run `tiles - slow_tiles` and `slow_tiles` times. Other code on a skipped branch counts, as in the
+    plain model."""
     cfg = a["cfg"]
     n = len(a["instrs"])
     bodies = {h: frozenset(b) for h, b in cfg["loops"]}
@@ -895,17 +955,20 @@ def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, 
     children = {h: [c for c in bodies if parents[c] == h] for h in bodies}
     size = {h: len(b) for h, b in bodies.items()}
     top = max((h for h in bodies if parents[h] is None), key=size.get)
-    runs = {}
+    runs, tile_loop = {}, None
     if kernel.startswith("reduce"):
         runs[top] = tiles
+        tile_loop = top
         if children[top]:
             runs[max(children[top], key=size.get)] = tiles * ranks
     else:
         inner = max(children[top], key=size.get, default=None)
         if inner is not None and size[inner] * 2 >= size[top]:
             runs[top], runs[inner] = programs * slots, tiles
+            tile_loop = inner
         else:
             runs[top] = tiles
+            tile_loop = top
     def times(h):
         if h not in runs:
             if not kernel.startswith("reduce"):
@@ -918,7 +981,13 @@ def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, 
     for h in sorted(bodies, key=size.get, reverse=True):  # inner loops overwrite outer ones
         for i in bodies[h]:
             innermost[i] = h
-    return [(i, 0.0 if i not in reached else float(programs if h is None else times(h))) for i, h in enumerate(innermost)]
+    out = [(i, 0.0 if i not in reached else float(programs if h is None else times(h))) for i, h in enumerate(innermost)]
+    arms = tile_arms(a, bodies[tile_loop], tile_loop) if slow_tiles is not None and tile_loop is not None else None
+    if arms is not None:
+        fast, slow = arms
+        out = [(i, float(tiles - slow_tiles) if i in fast else float(slow_tiles) if i in slow else w)
+               for i, w in out]
+    return out
 
 
 def weigh(a: dict, weights: list[tuple[int, float]], per: float) -> dict:
@@ -963,7 +1032,7 @@ def hot_rows(hv: HotVariant, target: str, analyses: dict) -> list[dict]:
             r["error"] = a
             continue
         progs = programs_of(gpu, launch, a)
-        w = launch_weights(a, kernel, progs, x["tiles"], x["slots"], hv.world)
+        w = launch_weights(a, kernel, progs, x["tiles"], x["slots"], hv.world, x["slow_tiles"])
         r["parts"].append((x, a, w, progs))
     out = []
     for kernel, r in rows.items():
@@ -995,6 +1064,7 @@ def hot_rows(hv: HotVariant, target: str, analyses: dict) -> list[dict]:
         row.update(ok=True, regs=a["regs"], spill_bytes=a["spill_bytes"], smem_bytes=a["smem_bytes"] + a["smem_dynamic"],
                    static_instr=a["static_instr"], launches=len(r["parts"]), numel=elements,
                    slots=sum(x["slots"] for x, *_ in r["parts"]), tiles=sum(x["tiles"] for x, *_ in r["parts"]),
+                   slow_tiles=sum(x["slow_tiles"] or 0 for x, *_ in r["parts"]),
                    programs=max(q for *_, q in r["parts"]),
                    **model_of(a, p0["num_warps"], nbytes / max(elements, 1), gpu))
         out.append(row)
@@ -1081,11 +1151,12 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
      "fused reduce is at 81% on gfx942 too); INT8 is at 75-100%"),
     ({"kernel": "reduce_tagged_dense", "target": "gfx942"}, "as the tagged reduce on gfx942, with the FP32 inverse "
      "transform"),
-    ({"kernel": "compress_slots", "odd": True},
-     "odd sizes: a launch whose pieces do not all start at and hold multiples of 16 elements compiles with "
-     "ELEM_ALIGN = 1 and loads its input element by element (sm_90 0.41 -> 0.64 warp-instructions per element); "
-     "this path has no aligned main launch and tail yet"),
-    ({"kernel": "decompress_slots", "odd": True}, "odd sizes: as the slotted compress, for the output's stores"),
+    ({"kernel": "compress_slots", "odd": True, "collective": "reduce_scatter"},
+     "an odd shard size m: rank r's piece of the input starts at element r * m, so P - 1 of the P pieces start "
+     "off a multiple of 16 elements and every tile of them loads element by element (2-byte loads where a "
+     "16-byte vector takes 8 elements); the caller's tensor fixes these addresses, no wire format moves them"),
+    ({"kernel": "decompress_slots", "odd": True, "collective": "all_gather"},
+     "as reduce_scatter's compress, for the output: rank r's piece of the gathered tensor starts at r * m"),
     ({"kernel": "decompress_slots", "target": "gfx942", "collective": "all_reduce"},
      "the all_reduce's overflow test (a magnitude test and a select per element, VALU) on top of the decode; "
      "all_gather's decompress, which has none, reaches 94-100%"),
@@ -1115,11 +1186,34 @@ def _floor(row: dict) -> float | None:
     return (HOT_FLOORS if _field(row, "collective") else FLOORS).get(row["target"])
 
 
+#: A launch of an odd-sized call reaches at least this share of the % of copy bandwidth of the same
+#: launch at the aligned size (the collectives' rows; `check_floors`).
+ODD_WITHIN = 0.95
+
+
+def _odd_short(row: dict, rows_by_key: dict) -> float | None:
+    """The aligned twin's % of copy bandwidth when `row` is an odd-sized collective launch that
+    misses `ODD_WITHIN` of it, else None."""
+    if _field(row, "odd") != "True":
+        return None
+    twin = rows_by_key.get(_twin_key({**row, "odd": False}))
+    if twin is None or not twin["ok"] or row["pct_copy_bw_bound"] >= ODD_WITHIN * twin["pct_copy_bw_bound"]:
+        return None
+    return twin["pct_copy_bw_bound"]
+
+
+def _twin_key(row: dict) -> tuple:
+    return tuple(_field(row, k) for k in _KEY if k != "numel")
+
+
 def check_floors(rows: list[dict], baseline: list[dict] | None = None) -> list[str]:
     """What is wrong with `rows` against `FLOORS`: a launch that did not compile, spilled
     registers, or is below its target's floor without an `EXCEPTIONS` entry; with `baseline`
-    (the committed table's rows), an excepted launch that is now slower than the baseline says."""
+    (the committed table's rows), an excepted launch that is now slower than the baseline says.
+    An odd-sized collective launch below `ODD_WITHIN` of its aligned twin in `rows` is held to
+    the same: an entry names it, and it is no slower than the baseline."""
     base = {_key(r): r for r in baseline or ()}
+    twins = {_twin_key(r): r for r in rows if _field(r, "odd") == "False"}
     problems = []
     for r in rows:
         name = "/".join(x for x in _key(r)[:9] + _key(r)[11:] if x)
@@ -1130,10 +1224,14 @@ def check_floors(rows: list[dict], baseline: list[dict] | None = None) -> list[s
         if r["spill_bytes"] and not excepted:
             problems.append(f"{name}: spills {r['spill_bytes']} B and no EXCEPTIONS entry names it")
         floor = _floor(r)
-        if floor is None or r["pct_copy_bw_bound"] >= floor:
+        aligned = _odd_short(r, twins)
+        if (floor is None or r["pct_copy_bw_bound"] >= floor) and aligned is None:
             continue
-        if not excepted:
+        if not excepted and floor is not None and r["pct_copy_bw_bound"] < floor:
             problems.append(f"{name}: {r['pct_copy_bw_bound']}% < floor {floor}% and no EXCEPTIONS entry names it")
+        if not excepted and aligned is not None:
+            problems.append(f"{name}: {r['pct_copy_bw_bound']}% < {ODD_WITHIN:.0%} of the aligned size's {aligned}% "
+                            "and no EXCEPTIONS entry names it")
         b = base.get(_key(r))
         if b is not None and r["pct_copy_bw_bound"] < b["pct_copy_bw_bound"]:
             problems.append(f"{name}: {r['pct_copy_bw_bound']}% < {b['pct_copy_bw_bound']}% of the committed table")
@@ -1142,10 +1240,12 @@ def check_floors(rows: list[dict], baseline: list[dict] | None = None) -> list[s
 
 def exceptions_table(rows: list[dict]) -> str:
     """README's table: each `EXCEPTIONS` entry with the launches of `rows` below their floor or
-    spilling that it is the first entry to name (count, lowest and highest % of copy bandwidth,
-    largest spill) and its reason."""
+    spilling (or, odd-sized, below `ODD_WITHIN` of the aligned size) that it is the first entry to
+    name (count, lowest and highest % of copy bandwidth, largest spill) and its reason."""
     lines = ["| launches | below the floor or spilling | % of copy bandwidth | spill | why |", "|---|---|---|---|---|"]
-    short = [r for r in rows if r["ok"] and (r["pct_copy_bw_bound"] < (_floor(r) or 0) or r["spill_bytes"])]
+    twins = {_twin_key(r): r for r in rows if _field(r, "odd") == "False"}
+    short = [r for r in rows if r["ok"] and (r["pct_copy_bw_bound"] < (_floor(r) or 0) or r["spill_bytes"]
+                                             or _odd_short(r, twins) is not None)]
     for i, (fields, why) in enumerate(EXCEPTIONS):
         hit = [r for r in short if _matches(r, fields) and not any(_matches(r, f) for f, _ in EXCEPTIONS[:i])]
         if not hit:

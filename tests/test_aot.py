@@ -117,6 +117,57 @@ def test_launch_model_counts_per_program_per_slot_and_per_tile_work():
     assert [w[i] for i in range(12)] == [10, 50, 200, 200, 200, 200, 200, 50, 50, 10, 50, 0]
 
 
+def test_launch_model_weighs_the_vector_and_element_wise_paths_of_a_tile():
+    """A slotted launch compiled for any alignment runs each tile on one of two paths: the model
+    counts the vector path for the launch's fast tiles and the element-wise one (more global
+    accesses) for its slow tiles, the rest of the loop for every tile; a branch to a NOP (which
+    the disassembly reader leaves out) goes to the next instruction, so the vector path still
+    rejoins the loop."""
+    aot = _aot_module()
+    sass = [
+        (0x00, "MOV R0, RZ"),
+        (0x10, "LDG.E.64 R2, desc[UR4][R4.64]"),   # tile loop header: the descriptor
+        (0x20, "@P0 BRA 0x70"),                     # which path
+        (0x30, "LDG.E.128 R8, desc[UR4][R2.64]"),  # vector path
+        (0x40, "FMUL R5, R5, R5"),
+        (0x50, "BRA 0xa0"),                         # to a NOP: the join is the next instruction kept
+        (0x70, "LDG.E.U16 R8, desc[UR4][R2.64]"),  # element-wise path
+        (0x80, "LDG.E.U16 R9, desc[UR4][R2.64+0x2]"),
+        (0x90, "FMUL R5, R5, R5"),
+        (0xb0, "FADD R6, R6, R5"),                  # the join
+        (0xc0, "@P1 BRA 0x10"),                     # tile loop latch
+        (0xd0, "EXIT"),
+    ]
+    succ = aot._sass_successors(sass)
+    assert succ[5] == [9] and succ[2] == [3, 6]
+    cfg = aot._cfg_loops(sass, succ)
+    assert cfg["loops"] == [(1, list(range(1, 11)))]
+    a = {"instrs": sass, "cfg": cfg}
+    assert aot.tile_arms(a, frozenset(range(1, 11)), 1) == ({3, 4, 5}, {6, 7, 8})
+    w = dict(aot.launch_weights(a, "compress_slots", programs=10, tiles=50, slots=3, ranks=4, slow_tiles=2))
+    assert [w[i] for i in range(12)] == [10, 50, 50, 48, 48, 48, 2, 2, 2, 50, 50, 10]
+    w = dict(aot.launch_weights(a, "compress_slots", programs=10, tiles=50, slots=3, ranks=4))
+    assert [w[i] for i in range(12)] == [10] + [50] * 10 + [10]
+
+
+def test_odd_sizes_are_held_to_their_aligned_twins():
+    """An odd-sized collective launch below 95% of the same launch at the aligned size is a
+    problem unless an EXCEPTIONS entry names it (and then only if slower than the committed
+    table); at or above it, or a plain launch, is not."""
+    aot = _aot_module()
+    row = {"kernel": "compress_slots", "target": "sm_80", "codec": "int8", "group_size": 128, "hadamard": True,
+           "scales": "dual", "rounding": "nearest", "dtype": "bf16", "num_warps": 8, "num_stages": 1,
+           "collective": "all_reduce", "world": 8, "message_mib": 16, "ok": True, "spill_bytes": 0}
+    aligned = {**row, "odd": False, "numel": 1 << 20, "pct_copy_bw_bound": 100.0}
+    slow = {**row, "odd": True, "numel": (1 << 20) - 1, "pct_copy_bw_bound": 90.0}  # above sm_80's floor
+    assert len(aot.check_floors([aligned, slow])) == 1 and "aligned size" in aot.check_floors([aligned, slow])[0]
+    assert aot.check_floors([aligned, {**slow, "pct_copy_bw_bound": 99.0}]) == []
+    excepted = {**slow, "collective": "reduce_scatter"}  # the entry for pieces that start off alignment
+    assert aot.check_floors([{**aligned, "collective": "reduce_scatter"}, excepted]) == []
+    assert len(aot.check_floors([{**aligned, "collective": "reduce_scatter"}, excepted],
+                                [{**excepted, "pct_copy_bw_bound": 97.0}])) == 1
+
+
 def _aot_module():
     """bench/aot.py imported here for its pure functions. Importing it drops TRITON_INTERPRET (the
     tool compiles), which this process still needs: it is put back."""

@@ -290,6 +290,112 @@ def test_unaligned_size_runs_as_aligned_launch_and_tail_with_the_same_bytes(cfg)
     assert torch.equal(taco.decompress(taco.Compressed(split, x.shape, x.dtype, cfg), backend="triton"), outs[1])
 
 
+def test_fast_tiles_counts_the_tiles_with_16_element_vectors():
+    """A slotted launch's vector path is for tiles of a piece that starts at a multiple of 16
+    elements and whose masks end at one: all of an aligned piece, the whole tiles of an odd-sized
+    one, none of one that starts elsewhere."""
+    from taco_triton.kernels import slots
+
+    t = slots.TILE_ELEMS
+    assert slots.fast_tiles(0, 2 * t + 5) == 2 and slots.fast_tiles(32, 32 + t - 1) == 0
+    assert slots.fast_tiles(16, 16 + t + 16) == 2 and slots.fast_tiles(0, 3 * t) == 3
+    assert slots.fast_tiles(5, 5 + 4 * t) == 0 and slots.fast_tiles(48, 48) == 0
+    assert slots.elem_align([(0, 16), (16, 48)]) == 16 and slots.elem_align([(0, 16), (16, 47)]) == 1
+
+
+SLOT_CFGS = [taco.CompressionConfig(), taco.CompressionConfig(codec="int8", rounding="stochastic", seed=3)]
+
+
+@pytest.mark.parametrize("cfg", SLOT_CFGS, ids=cfg_id)
+def test_slotted_kernels_give_the_same_bytes_on_either_path(cfg):
+    """A slotted launch compiled for any alignment runs each tile on the vector path or the
+    element-wise one (`slots.fast_tiles`): pieces that start aligned with an odd size (whole
+    tiles vector, the last element-wise), that start off alignment (all element-wise) and aligned
+    ones (all vector), in one launch. Each slot holds the plain kernel's bytes of its piece and its
+    tag; with every tile forced onto the element-wise path the bytes are the same; decompressing
+    writes the plain kernel's values into each piece and nothing outside the pieces."""
+    from taco_triton.kernels import slots
+    from taco_triton.kernels._launch import launch_params, target_of
+    from taco_triton.kernels.compress import compress_slots_launch
+    from taco_triton.kernels.decompress import decompress_slots_launch
+
+    t = slots.TILE_ELEMS
+    pieces = [(0, 2 * t + 5), (2 * t + 5, 3 * t + 21), (3 * t + 32, 3 * t + 32 + t // 2 + 16)]
+    x = make_input("outliers", (pieces[-1][1] + 7,), torch.bfloat16, seed=11).to(DEVICE)
+    lays = [WireLayout.of(b - a, cfg) for a, b in pieces]
+    ends = [slots.slot_bytes(lay.nbytes) for lay in lays]
+    offs = [sum(ends[:j]) for j in range(len(ends))]
+    tags = [0x01020304 + j for j in range(len(pieces))]
+    rows = slots.descriptors(pieces, lays, offs, ends, tags, list(range(len(pieces))))
+    assert [r[slots.FAST_TILES] for r in rows] == [2, 0, 1] and slots.elem_align(pieces) == 1
+    target, n_tiles = target_of(x.device), slots.total_tiles(lays)
+
+    def compress(rows):
+        out = torch.full((sum(ends),), 0xAB, dtype=torch.uint8, device=DEVICE)
+        compress_slots_launch(x, out, slots.table(rows, DEVICE), len(pieces), n_tiles, cfg, target,
+                              launch_params("compress_slots", x.device, x.dtype, cfg, t), x.device, elem_align=1).run()
+        return out
+
+    def decompress(wire, rows):
+        y = torch.full_like(x, 7.0)
+        err = torch.zeros(slots.ERR_FIELDS, dtype=torch.int64, device=DEVICE)
+        decompress_slots_launch(wire, y, slots.table(rows, DEVICE), err, len(pieces), n_tiles, cfg, target,
+                                launch_params("decompress_slots", x.device, x.dtype, cfg, t), x.device,
+                                elem_align=1).run()
+        assert not bool(err.any())
+        return y
+
+    slow_rows = [r[:slots.FAST_TILES] + [0] + r[slots.FAST_TILES + 1:] for r in rows]
+    wire, wire_slow = compress(rows), compress(slow_rows)
+    assert torch.equal(wire, wire_slow)
+    y, y_slow = decompress(wire, rows), decompress(wire, slow_rows)
+    assert torch.equal(y, y_slow)
+    outside = torch.ones_like(x, dtype=torch.bool)
+    for j, ((a, b), lay, off, tag) in enumerate(zip(pieces, lays, offs, tags)):
+        piece_cfg = slots.salted(cfg, j)  # a slot's stochastic seed is salted with its index
+        plain = taco.compress(x[a:b], piece_cfg, backend="triton").data
+        assert torch.equal(wire[off:off + lay.nbytes], plain), f"slot {j}"
+        assert wire[off + lay.nbytes:off + lay.nbytes + 4].tolist() == list(tag.to_bytes(4, "little"))
+        assert not bool(wire[off + lay.nbytes + 4:off + ends[j]].any())
+        want = taco.decompress(taco.Compressed(plain, (b - a,), x.dtype, piece_cfg), backend="triton")
+        assert torch.equal(y[a:b], want), f"piece {j}"
+        outside[a:b] = False
+    assert bool((y[outside] == 7.0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_dense_reduce_of_an_odd_size_stores_its_whole_tiles_as_vectors_with_the_same_values(dtype):
+    """The collectives' (tagged) dense reduce of a size that is not a multiple of 16 stores its
+    whole tiles through the vector path and its last, partial tile element by element (SPLIT): the
+    same values as the launch with one path, and nothing written past the size."""
+    from taco_triton.kernels import slots
+    from taco_triton.kernels._launch import launch_params, target_of
+    from taco_triton.kernels.reduce import reduce_launch
+
+    cfg = taco.CompressionConfig()
+    numel = 2 * slots.TILE_ELEMS + 5
+    lay = WireLayout.of(numel, cfg)
+    stride = slots.round_up(lay.nbytes, 16)
+    bufs = torch.zeros(3, stride, dtype=torch.uint8, device=DEVICE)
+    for r in range(3):
+        bufs[r, : lay.nbytes] = taco.compress(make_input("outliers", (numel,), torch.float32, seed=20 + r).to(DEVICE),
+                                              cfg, backend="triton").data
+        bufs[r, lay.nbytes : lay.nbytes + 4] = torch.tensor([4, 3, 2, 1], dtype=torch.uint8)  # the tag
+    err = torch.zeros(slots.ERR_FIELDS, dtype=torch.int64, device=DEVICE)
+    outs = []
+    for split in (True, False):
+        out = torch.full((numel + 11,), 3.0, dtype=dtype, device=DEVICE)
+        launch = reduce_launch(bufs, bufs, bufs, (stride, stride // 4, stride), 3, out, out, out, out, numel, cfg, 0.5,
+                               True, target_of(bufs.device), launch_params("reduce", bufs.device, torch.uint8, cfg, numel),
+                               bufs.device, tags=(err, 0x01020304, 0, stride))
+        assert launch.meta["SPLIT"]
+        launch.meta["SPLIT"] = split
+        launch.run()
+        assert bool((out[numel:] == 3.0).all()) and not bool(err.any())
+        outs.append(out[:numel])
+    assert bool(torch.isfinite(outs[0]).all()) and torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("g", [256, 512])
 @pytest.mark.parametrize("kind", ["constant", "random_sign"])
 def test_two_stage_hadamard_of_values_near_the_fp32_maximum_stays_finite(g, kind):

@@ -21,6 +21,7 @@ SLOT_END: tl.constexpr = tl.constexpr(slots.SLOT_END)
 TILE_BASE: tl.constexpr = tl.constexpr(slots.TILE_BASE)
 TAG: tl.constexpr = tl.constexpr(slots.TAG)
 SRC: tl.constexpr = tl.constexpr(slots.SRC)
+FAST_TILES: tl.constexpr = tl.constexpr(slots.FAST_TILES)
 DESC: tl.constexpr = tl.constexpr(slots.DESC)
 
 
@@ -60,6 +61,14 @@ def record_error(err_ptr, k, src, got, want, seq):
     tl.store(err_ptr + 4, want)
     tl.store(err_ptr + 5, seq.to(tl.int64))
     tl.store(err_ptr, 1)
+
+
+@triton.jit
+def aligned16(v):
+    """`v` rounded down to a multiple of 16 (16 * (v // 16)), which the compiler can see is one: an
+    element offset or count equal to `v` on the tiles that take the vector path of a launch
+    compiled for any alignment (`slots.fast_tiles`), so their accesses keep 16-byte vectors."""
+    return (v // 16) * 16
 
 
 @triton.jit

@@ -9,11 +9,14 @@ import functools
 
 import torch
 
+from ..config import SUPERBLOCK_ELEMS
 from ..reference import hadamard_matrix
 from ._launch import ShapedPointer
 
 #: Super-blocks per tile: 2 x 4096 elements, so G = 128 gives a 64-row tile (one m64 MMA).
 SB_PER_TILE = 2
+#: Elements of a tile (SB_PER_TILE super-blocks, the same for every G).
+TILE_ELEMS = SB_PER_TILE * SUPERBLOCK_ELEMS
 
 
 @functools.lru_cache(maxsize=64)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..config import SUPERBLOCK_ELEMS
 from ._common import (
     FLT_MAX,
     INT8,
@@ -29,11 +28,8 @@ from ._common import (
     zeroes_dead_rows,
     to_out_dtype,
 )
-from ._tables import SB_PER_TILE
-
-
-#: Elements of a tile (SB_PER_TILE super-blocks, the same for every G).
-TILE_ELEMS = SB_PER_TILE * SUPERBLOCK_ELEMS
+from ._slot_io import aligned16
+from ._tables import TILE_ELEMS
 
 
 def aligned_split(numel: int) -> int:
@@ -74,6 +70,26 @@ def tile_rows(tile, n_groups, ROWS: tl.constexpr, G: tl.constexpr):
     """(rows [ROWS] int64, element offsets [ROWS, G] int64, rows < n_groups) of tile number `tile`."""
     rows = tl.arange(0, ROWS).to(tl.int64) + tile * ROWS  # n_groups < 2^31: tile * ROWS fits int32
     return rows, rows[:, None] * G + tl.arange(0, G)[None, :], rows < n_groups
+
+
+@triton.jit
+def load_dense(base, off, offs, numel, fast, SPLIT: tl.constexpr):
+    """A tile's dense input at base + off + offs (0 past numel). SPLIT (a slotted launch compiled
+    for any alignment, `slots.fast_tiles`): where `fast`, the same address and mask written with
+    `aligned16`, so the compiler sees multiples of 16 elements and keeps 16-byte vector loads.
+    Only the load is on the branch: the tile's math is one copy (two inlined copies of the tile
+    raised registers from 136 to 198 on gfx942, by bench/aot.py). The rounding is done inside
+    the branch, not before it: two arms of the same operations on different values are merged
+    into one block by the compiler (MLIR's block merging), whose pointer, a block argument, has
+    no known alignment, and both arms then load element by element."""
+    if SPLIT:
+        if fast:
+            x = tl.load(base + aligned16(off) + offs, mask=offs < aligned16(numel), other=0.0)
+        else:
+            x = tl.load(base + off + offs, mask=offs < numel, other=0.0)
+    else:
+        x = tl.load(base + off + offs, mask=offs < numel, other=0.0)
+    return x
 
 
 @triton.jit
@@ -188,8 +204,10 @@ def load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL: tl.constexpr, SBT:
 
 
 @triton.jit
-def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr, OVERFLOW: tl.constexpr):
-    """Clamp y to the output dtype's finite range (NaN stays NaN), cast, store the valid part.
+def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr, OVERFLOW: tl.constexpr,
+                off=0, fast=None, SPLIT: tl.constexpr = False):
+    """Clamp y to the output dtype's finite range (NaN stays NaN), cast, store the valid part at
+    out_ptr + off + offs (off, fast, SPLIT: as in `load_dense`, for the store).
 
     OVERFLOW: magnitudes above `inf_above` become +-inf, so an overflowed reduced sum stays visible
     (reference.saturate_cast); a constexpr, so plain decompression does not pay for the test. The
@@ -199,5 +217,11 @@ def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr, O
     c = tl.clamp(y, -out_max, out_max, propagate_nan=tl.PropagateNan.ALL)
     if OVERFLOW:
         c = tl.where(tl.abs(y) > inf_above, y, c)
-    y = c
-    tl.store(out_ptr + offs, to_out_dtype(y, out_ptr, HW), mask=offs < numel)
+    v = to_out_dtype(c, out_ptr, HW)
+    if SPLIT:
+        if fast:
+            tl.store(out_ptr + aligned16(off) + offs, v, mask=offs < aligned16(numel))
+        else:
+            tl.store(out_ptr + off + offs, v, mask=offs < numel)
+    else:
+        tl.store(out_ptr + off + offs, v, mask=offs < numel)

@@ -20,12 +20,13 @@ from ..layout import WireLayout
 from ._common import STOCHASTIC, codec_constexprs, encoder_constexprs, hadamard_rows, load_tables, row_absmax
 from ._launch import Launch, Target, launch_meta, launch_params, op16, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
-from ._tile import TILE_ELEMS, aligned_split, quantize_store, taco_prescale, tile_rows
+from ._tile import TILE_ELEMS, aligned_split, load_dense, quantize_store, taco_prescale, tile_rows
 from ._slot_io import (
     A_OFF,
     B_OFF,
     DESC,
     ELEM_OFF,
+    FAST_TILES,
     N_GROUPS,
     N_SB,
     NBYTES,
@@ -47,11 +48,13 @@ def _compress_tile(
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr,
     DUAL: tl.constexpr, ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
     DOT_PREC: tl.constexpr, KRON: tl.constexpr, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False,
+    elem_off=0, fast=None, SPLIT: tl.constexpr = False,
 ):
-    """Compress tile number `tile` of one tensor (both kernels below run this per tile)."""
+    """Compress tile number `tile` of the tensor at x_ptr + elem_off (both kernels below run this
+    per tile; fast, SPLIT: `_tile.load_dense`)."""
     ROWS: tl.constexpr = SBT * GPS
     rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
-    x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0)
+    x = load_dense(x_ptr, elem_off, offs, numel, fast, SPLIT)
     if not OP16:
         x = x.to(tl.float32)
     if DUAL:
@@ -129,13 +132,8 @@ def _compress_slots_kernel(
     for g in range(pid, n_tiles, nprog):  # tile g of the launch: tile g - TILE_BASE of its slot
         j = slot_of(desc_ptr, n_chunks, g, MAX_SLOTS)
         d = desc_ptr + j * DESC
-        elem_off = tl.load(d + ELEM_OFF)
-        if ELEM_ALIGN > 1:
-            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
+        t = g - tl.load(d + TILE_BASE)
         slot = out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
-        numel = tl.load(d + NUMEL)
-        if ELEM_ALIGN > 1:  # the masks of whole vectors are uniform: loads and stores stay vectors
-            numel = tl.multiple_of(numel, ELEM_ALIGN)
         a_ptr = (slot + tl.multiple_of(tl.load(d + A_OFF), 4)).to(tl.pointer_type(tl.float32))
         b_ptr = slot + tl.load(d + B_OFF)
         if not DUAL:
@@ -143,10 +141,18 @@ def _compress_slots_kernel(
         chunk_seed = seed
         if ROUND == STOCHASTIC:
             chunk_seed = salt_in_kernel(seed, j)
-        _compress_tile(x_ptr + elem_off, slot, a_ptr, b_ptr, h, h16, g - tl.load(d + TILE_BASE), numel,
-                       tl.load(d + N_GROUPS), tl.load(d + N_SB), chunk_seed,
-                       G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                       OP16, DOT_PREC, KRON, CDNA, K_CHUNKS)
+        elem_off = tl.load(d + ELEM_OFF)
+        numel = tl.load(d + NUMEL)
+        base, fast = x_ptr, False
+        if ELEM_ALIGN > 1:  # every piece aligned: the masks of whole vectors are uniform, loads stay vectors
+            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
+            numel = tl.multiple_of(numel, ELEM_ALIGN)
+            base, elem_off = base + elem_off, 0  # the pointer made here, as the plain kernels take theirs
+        else:  # a whole tile of a piece that starts aligned loads vectors, others element by element
+            fast = t < tl.load(d + FAST_TILES)
+        _compress_tile(base, slot, a_ptr, b_ptr, h, h16, t, numel, tl.load(d + N_GROUPS), tl.load(d + N_SB),
+                       chunk_seed, G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW,
+                       FP8_HW, OP16, DOT_PREC, KRON, CDNA, K_CHUNKS, elem_off, fast, ELEM_ALIGN == 1)
 
 
 def _int4_words(config: CompressionConfig) -> bool:

@@ -26,6 +26,7 @@ from ._slot_io import (
     B_OFF,
     DESC,
     ELEM_OFF,
+    FAST_TILES,
     N_GROUPS,
     N_SB,
     NBYTES,
@@ -46,11 +47,12 @@ def _decompress_tile(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
     PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr,
     OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, CHECKED: tl.constexpr, KRON: tl.constexpr,
-    CDNA: tl.constexpr = 0,
+    CDNA: tl.constexpr = 0, elem_off=0, fast=None, SPLIT: tl.constexpr = False,
 ):
     """Decompress tile number `tile` of one wire buffer; CHECKED: all NaN where `bad` (a slot
     whose tag did not match): each row's scale factor is NaN then, and so every product with it,
-    one select per row instead of one per element."""
+    one select per row instead of one per element. The output is out_ptr + elem_off (fast, SPLIT:
+    `_tile.store_dense`)."""
     ROWS: tl.constexpr = SBT * GPS
     rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
     codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
@@ -77,7 +79,7 @@ def _decompress_tile(
         if CHECKED:
             sigma = tl.where(bad, float("nan"), sigma)
         y = decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32, DOT_PREC == "tf32x3") * sigma[:, None]
-    store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
+    store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW, elem_off, fast, SPLIT)
 
 
 @triton.jit(do_not_specialize=["tile0"])
@@ -114,7 +116,8 @@ def _decompress_slots_kernel(
     Each slot's tag is checked: a slot whose tag differs from the expected one (descriptor TAG)
     decodes to all NaN (each tile of it checks the tag) and fills the error record at err_ptr with
     (slice k, the slot's source, the tag found, the tag expected, call seq), written by program 0
-    alone (the last such slot). Tiles are dealt as in `_compress_slots_kernel`.
+    alone (the last such slot). Tiles are dealt, and ELEM_ALIGN chooses their paths, as in
+    `_compress_slots_kernel`.
     """
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
@@ -134,15 +137,19 @@ def _decompress_slots_kernel(
         b_ptr = slot + tl.load(d + B_OFF)
         if not DUAL:
             b_ptr = (slot + tl.multiple_of(tl.load(d + B_OFF), 4)).to(tl.pointer_type(tl.float32))
+        t = g - tl.load(d + TILE_BASE)
         elem_off = tl.load(d + ELEM_OFF)
-        if ELEM_ALIGN > 1:
-            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
         numel = tl.load(d + NUMEL)
-        if ELEM_ALIGN > 1:  # the masks of whole vectors are uniform: loads and stores stay vectors
+        base, fast = out_ptr, False
+        if ELEM_ALIGN > 1:  # every piece aligned: the masks of whole vectors are uniform, stores stay vectors
+            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
             numel = tl.multiple_of(numel, ELEM_ALIGN)
-        _decompress_tile(slot, a_ptr, b_ptr, out_ptr + elem_off, h, h16, g - tl.load(d + TILE_BASE), numel,
-                         tl.load(d + N_GROUPS), tl.load(d + N_SB), out_max, inf_above, bad, G, GPS, SBT, CODEC, BITS,
-                         PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16, DOT_PREC, OVERFLOW, True, KRON, CDNA)
+            base, elem_off = base + elem_off, 0  # the pointer made here, as the plain kernels take theirs
+        else:  # a whole tile of a piece that starts aligned stores vectors, others element by element
+            fast = t < tl.load(d + FAST_TILES)
+        _decompress_tile(slot, a_ptr, b_ptr, base, h, h16, t, numel, tl.load(d + N_GROUPS), tl.load(d + N_SB),
+                         out_max, inf_above, bad, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16,
+                         DOT_PREC, OVERFLOW, True, KRON, CDNA, elem_off, fast, ELEM_ALIGN == 1)
 
 
 def _meta(out_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int,

@@ -30,7 +30,7 @@ from ._common import (
     row_absmax,
 )
 from ._launch import Launch, Target, launch_meta, launch_params, target_of
-from ._tables import SB_PER_TILE, hadamard_tables
+from ._tables import SB_PER_TILE, TILE_ELEMS, hadamard_tables
 from ._tile import check_inf_above, load_scales, quantize_store, store_dense, taco_prescale, tile_rows
 from ._slot_io import read_tag, record_error, salt_in_kernel, write_tag
 
@@ -44,8 +44,12 @@ def _reduce_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr,
     DUAL: tl.constexpr, ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr,
     DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False, KRON: tl.constexpr = 0,
-    CDNA: tl.constexpr = 0, SCALED: tl.constexpr = True,
+    CDNA: tl.constexpr = 0, SCALED: tl.constexpr = True, SPLIT: tl.constexpr = False,
 ):
+    """Sum n_ranks wire buffers tile by tile (see `reduce_launch`). SPLIT (the collectives' dense
+    output of a size that is not a multiple of 16, a reduce_scatter's odd shard): its whole tiles
+    store 16-byte vectors, the last, partial one element by element (`_tile.store_dense`); the
+    plain reduce keeps one path."""
     ROWS: tl.constexpr = SBT * GPS
     if DENSE and HADAMARD:
         h, h16 = load_tables(h_ptr, h16_ptr, G, DOT_PREC)
@@ -93,7 +97,8 @@ def _reduce_kernel(
         if DENSE:
             if HADAMARD:
                 acc = hadamard_rows(acc, h, h16, ROWS, G, DOT_PREC, KRON) * 2.0
-            store_dense(acc, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW)
+            store_dense(acc, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW, 0,
+                        (tile + 1) * ROWS * G <= numel, SPLIT)
         else:
             amax = row_absmax(acc, CDNA)
             if DUAL:
@@ -150,6 +155,7 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
         **codec_constexprs(config.spec, *code_addresses), **encoder_constexprs(config.spec),
         HADAMARD=config.hadamard, DUAL=config.scales == "dual", ROUND=int(STOCHASTIC) if config.stochastic else 0,
         DENSE=dense, OVERFLOW=inf_above != math.inf, TAGGED=tags is not None, SCALED=scale != 1.0,
+        SPLIT=dense and tags is not None and numel % 16 != 0 and numel > TILE_ELEMS,
     )
     errors, tag_in, tag_out, tag_end = (target_out, 0, 0, 0) if tags is None else tags
     return Launch(_reduce_kernel, n_tiles, dict(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..layout import WireLayout
-from ._tables import SB_PER_TILE
+from ._tables import SB_PER_TILE, TILE_ELEMS
 
 #: Fields of a descriptor row (int64): where the slot's piece is and how it is laid out.
 ELEM_OFF = 0   # first element of the piece in the dense tensor
@@ -37,6 +37,7 @@ SLOT_END = 9   # the slot's stride: padding up to here is zero
 TILE_BASE = 10  # tiles of the slots before this one
 TAG = 11
 SRC = 12       # the rank (or chunk) the slot belongs to, for errors
+FAST_TILES = 13  # the slot's leading tiles that take the kernels' vector path (`fast_tiles`)
 DESC = 16
 
 #: Bytes of the tag after a slot's wire bytes (the sender's fingerprint of the call and the slot).
@@ -98,7 +99,7 @@ def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list
     for (a, b), lay, off, end, tag, src in zip(pieces, layouts, slot_offsets, slot_ends, tags, sources):
         n_tiles = -(-lay.n_superblocks // SB_PER_TILE)
         row = [a, b - a, off, lay.n_groups, lay.n_superblocks, n_tiles, lay.scale_a_offset, lay.scale_b_offset,
-               lay.nbytes, end, base, tag, src]
+               lay.nbytes, end, base, tag, src, fast_tiles(a, b)]
         rows.append(row + [0] * (DESC - len(row)))
         base += n_tiles
     return rows
@@ -106,8 +107,31 @@ def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list
 
 def elem_align(pieces) -> int:
     """16 when every piece [a, b) starts at and holds a multiple of 16 elements (the batched
-    kernels then keep 16-element vector loads and stores), else 1."""
+    kernels then keep 16-element vector loads and stores in every tile, and compile no other
+    path), else 1 (each tile then takes the vector path or the element-wise one: `fast_tiles`)."""
     return 16 if all(a % 16 == 0 and (b - a) % 16 == 0 for a, b in pieces) else 1
+
+
+def fast_tiles(a: int, b: int) -> int:
+    """How many leading tiles of piece [a, b) the batched kernels run with 16-element vector loads
+    and stores (the rest element by element): every tile when the piece starts at and holds a
+    multiple of 16 elements; its whole tiles when it starts at one and holds a size that is not
+    (only the last, partial tile's mask is not uniform over 16-element runs); none when it starts
+    elsewhere (no 16-byte-aligned address to load from: the pieces a reduce_scatter reads and an
+    all_gather writes at rank r's offset r * m, for an odd shard size m). A compiled launch of
+    `elem_align` 1 picks one of its two paths per tile by this count; both compute the same
+    values, so the bytes do not depend on it."""
+    n = b - a
+    if a % 16:
+        return 0
+    if n % 16 == 0:
+        return -(-n // TILE_ELEMS)
+    return n // TILE_ELEMS
+
+
+def slow_tiles(rows) -> int:
+    """The tiles of a launch's descriptor rows that take the element-wise path (`fast_tiles`)."""
+    return sum(r[N_TILES] - r[FAST_TILES] for r in rows)
 
 
 def total_tiles(layouts: list[WireLayout]) -> int:
