@@ -301,6 +301,8 @@ def test_fast_tiles_counts_the_tiles_with_16_element_vectors():
     assert slots.fast_tiles(16, 16 + t + 16) == 2 and slots.fast_tiles(0, 3 * t) == 3
     assert slots.fast_tiles(5, 5 + 4 * t) == 0 and slots.fast_tiles(48, 48) == 0
     assert slots.elem_align([(0, 16), (16, 48)]) == 16 and slots.elem_align([(0, 16), (16, 47)]) == 1
+    assert slots.two_paths([(0, 16), (16, 47)]) and not slots.two_paths([(0, 16), (16, 48)])
+    assert not slots.two_paths([(0, 17), (17, 34)])  # a piece starts off alignment: one element-wise path
 
 
 SLOT_CFGS = [taco.CompressionConfig(), taco.CompressionConfig(codec="int8", rounding="stochastic", seed=3)]
@@ -333,7 +335,8 @@ def test_slotted_kernels_give_the_same_bytes_on_either_path(cfg):
     def compress(rows):
         out = torch.full((sum(ends),), 0xAB, dtype=torch.uint8, device=DEVICE)
         compress_slots_launch(x, out, slots.table(rows, DEVICE), len(pieces), n_tiles, cfg, target,
-                              launch_params("compress_slots", x.device, x.dtype, cfg, t), x.device, elem_align=1).run()
+                              launch_params("compress_slots", x.device, x.dtype, cfg, t), x.device, elem_align=1,
+                              two_paths=True).run()
         return out
 
     def decompress(wire, rows):
@@ -341,7 +344,7 @@ def test_slotted_kernels_give_the_same_bytes_on_either_path(cfg):
         err = torch.zeros(slots.ERR_FIELDS, dtype=torch.int64, device=DEVICE)
         decompress_slots_launch(wire, y, slots.table(rows, DEVICE), err, len(pieces), n_tiles, cfg, target,
                                 launch_params("decompress_slots", x.device, x.dtype, cfg, t), x.device,
-                                elem_align=1).run()
+                                elem_align=1, two_paths=True).run()
         assert not bool(err.any())
         return y
 

@@ -103,6 +103,7 @@ def _compress_slots_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
     ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False, MAX_SLOTS: tl.constexpr = 1,
+    TWO_PATHS: tl.constexpr = False,
 ):
     """Compress n_chunks pieces of x, each into its slot of one wire buffer, and write each slot's
     tag and zero padding: the whole send buffer of a collective's pipeline slice in one launch.
@@ -115,7 +116,9 @@ def _compress_slots_kernel(
     `seed` with the rank, call and slice); with `seq_ptr` (None: not compiled in) `seed` is first
     salted with the int64 it points to, a counter CUDA graph replays advance on the device
     (`slots.seed_counter`). ELEM_ALIGN: every piece starts at, and holds, a multiple of this many
-    elements (the launcher checks), so loads keep their vector width.
+    elements (the launcher checks), so loads keep their vector width. TWO_PATHS (ELEM_ALIGN 1,
+    `slots.two_paths`): each tile takes the vector path when its descriptor's FAST_TILES says it
+    can (`slots.fast_tiles`), else the element-wise one; the same values either way.
     """
     if ROUND == STOCHASTIC:  # noqa: SIM102 - a constexpr test, kept apart from the None test
         if seq_ptr is not None:
@@ -148,11 +151,11 @@ def _compress_slots_kernel(
             elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
             numel = tl.multiple_of(numel, ELEM_ALIGN)
             base, elem_off = base + elem_off, 0  # the pointer made here, as the plain kernels take theirs
-        else:  # a whole tile of a piece that starts aligned loads vectors, others element by element
+        elif TWO_PATHS:  # a whole tile of a piece that starts aligned loads vectors, others element by element
             fast = t < tl.load(d + FAST_TILES)
         _compress_tile(base, slot, a_ptr, b_ptr, h, h16, t, numel, tl.load(d + N_GROUPS), tl.load(d + N_SB),
                        chunk_seed, G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW,
-                       FP8_HW, OP16, DOT_PREC, KRON, CDNA, K_CHUNKS, elem_off, fast, ELEM_ALIGN == 1)
+                       FP8_HW, OP16, DOT_PREC, KRON, CDNA, K_CHUNKS, elem_off, fast, TWO_PATHS)
 
 
 def _int4_words(config: CompressionConfig) -> bool:
@@ -219,15 +222,17 @@ def compress_launches(x, codes, a, b, numel: int, config: CompressionConfig, tar
 
 def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: CompressionConfig, target: Target,
                           params: dict, device: torch.device | None = None, seed: int | None = None,
-                          elem_align: int = 1, seq_ptr: torch.Tensor | None = None) -> Launch:
+                          elem_align: int = 1, seq_ptr: torch.Tensor | None = None, two_paths: bool = False) -> Launch:
     """The launch that compresses `n_slots` pieces of x into their slots of `out` (uint8 wire
     buffer, slots 16-byte aligned), tags and padding included; `desc` the slots' descriptor table
     (`slots.descriptors`), `n_tiles` their tiles in all, `params` from
     `launch_params("compress_slots", ...)`, `seed` the salted seed (default: the config's),
     `elem_align` a number of elements every piece's first element and size are multiples of (16
-    keeps vector loads; 1 assumes nothing), `seq_ptr` a device counter the stochastic seed is
+    keeps vector loads; 1 assumes nothing), `two_paths` with 1: a vector path for the tiles that can
+    take it (`slots.two_paths`), `seq_ptr` a device counter the stochastic seed is
     salted with on the device (`slots.seed_counter`; None: not used)."""
     meta = _meta(x.dtype, config, target, params, out.data_ptr(), ELEM_ALIGN=elem_align,
+                 TWO_PATHS=two_paths and elem_align == 1,
                  MAX_SLOTS=triton.next_power_of_2(max(n_slots, 1)))
     h, h16 = _tables(x.dtype, config, meta, device)
     return Launch(_compress_slots_kernel, n_tiles,

@@ -109,7 +109,7 @@ def _decompress_slots_kernel(
     data_ptr, out_ptr, desc_ptr, err_ptr, h_ptr, h16_ptr, n_chunks, n_tiles, out_max, inf_above, k, seq,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
     PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
-    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, MAX_SLOTS: tl.constexpr = 1,
+    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, MAX_SLOTS: tl.constexpr = 1, TWO_PATHS: tl.constexpr = False,
 ):
     """Decompress n_chunks slots of one received buffer into their pieces of out, in one launch.
 
@@ -145,11 +145,11 @@ def _decompress_slots_kernel(
             elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
             numel = tl.multiple_of(numel, ELEM_ALIGN)
             base, elem_off = base + elem_off, 0  # the pointer made here, as the plain kernels take theirs
-        else:  # a whole tile of a piece that starts aligned stores vectors, others element by element
+        elif TWO_PATHS:  # a whole tile of a piece that starts aligned stores vectors, others element by element
             fast = t < tl.load(d + FAST_TILES)
         _decompress_tile(slot, a_ptr, b_ptr, base, h, h16, t, numel, tl.load(d + N_GROUPS), tl.load(d + N_SB),
                          out_max, inf_above, bad, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16,
-                         DOT_PREC, OVERFLOW, True, KRON, CDNA, elem_off, fast, ELEM_ALIGN == 1)
+                         DOT_PREC, OVERFLOW, True, KRON, CDNA, elem_off, fast, TWO_PATHS)
 
 
 def _meta(out_dtype, config: CompressionConfig, target: Target, params: dict, code_address: int,
@@ -203,13 +203,14 @@ def decompress_launches(codes, a, b, out, numel: int, config: CompressionConfig,
 
 def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int, config: CompressionConfig,
                             target: Target, params: dict, device: torch.device | None = None,
-                            inf_above: float = math.inf, elem_align: int = 1) -> Launch:
+                            inf_above: float = math.inf, elem_align: int = 1, two_paths: bool = False) -> Launch:
     """The launch that checks the tags of `n_slots` slots of `data` and decompresses each into its
     piece of `out` (flat, contiguous); `desc` the slots' descriptor table, `errors` the
     `slots.ErrorRecord` tensor. The arguments k (slice) and seq (call) name the call in an error
-    record: 0 here; `Prepared` passes them per call. `elem_align`: as in
+    record: 0 here; `Prepared` passes them per call. `elem_align`, `two_paths`: as in
     `compress.compress_slots_launch`, for the pieces of `out`."""
     meta = _meta(out.dtype, config, target, params, data.data_ptr(), inf_above, ELEM_ALIGN=elem_align,
+                 TWO_PATHS=two_paths and elem_align == 1,
                  MAX_SLOTS=triton.next_power_of_2(max(n_slots, 1)))
     h, h16 = _tables(config, meta, device)
     return Launch(_decompress_slots_kernel, n_tiles,

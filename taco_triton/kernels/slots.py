@@ -107,9 +107,18 @@ def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list
 
 def elem_align(pieces) -> int:
     """16 when every piece [a, b) starts at and holds a multiple of 16 elements (the batched
-    kernels then keep 16-element vector loads and stores in every tile, and compile no other
-    path), else 1 (each tile then takes the vector path or the element-wise one: `fast_tiles`)."""
+    kernels then keep 16-element vector loads and stores in every tile), else 1."""
     return 16 if all(a % 16 == 0 and (b - a) % 16 == 0 for a, b in pieces) else 1
+
+
+def two_paths(pieces) -> bool:
+    """Whether a launch of elem_align 1 compiles two paths per tile (`fast_tiles`): when every
+    piece starts at a multiple of 16 elements and only sizes are not (an all_reduce's last piece,
+    an all_gather's or a p2p message's one piece), so all but the partial last tiles take the
+    vector path. A launch with pieces that start off alignment (reduce_scatter's input, all_gather's
+    output at r * m for an odd m) keeps one element-wise path: most of its tiles could not take
+    the other, and the second path's code and registers would cost all of them."""
+    return elem_align(pieces) == 1 and all(a % 16 == 0 for a, _ in pieces)
 
 
 def fast_tiles(a: int, b: int) -> int:
@@ -118,9 +127,9 @@ def fast_tiles(a: int, b: int) -> int:
     multiple of 16 elements; its whole tiles when it starts at one and holds a size that is not
     (only the last, partial tile's mask is not uniform over 16-element runs); none when it starts
     elsewhere (no 16-byte-aligned address to load from: the pieces a reduce_scatter reads and an
-    all_gather writes at rank r's offset r * m, for an odd shard size m). A compiled launch of
-    `elem_align` 1 picks one of its two paths per tile by this count; both compute the same
-    values, so the bytes do not depend on it."""
+    all_gather writes at rank r's offset r * m, for an odd shard size m). A launch compiled with
+    `two_paths` picks one of its two paths per tile by this count; both compute the same values,
+    so the bytes do not depend on it."""
     n = b - a
     if a % 16:
         return 0
