@@ -72,6 +72,23 @@ def aligned16(v):
 
 
 @triton.jit
+def dense_piece(d, t, ptr, ELEM_ALIGN: tl.constexpr, TWO_PATHS: tl.constexpr):
+    """(pointer, element offset, size, vector path or not) of tile t of the slot whose descriptor
+    row is at d, in the dense tensor at ptr: with ELEM_ALIGN > 1 the piece's pointer itself, made
+    here as the plain kernels take theirs; with TWO_PATHS the offset apart and whether the tile is
+    one of the slot's FAST_TILES (`slots.fast_tiles`, `_tile.load_dense`)."""
+    elem_off = tl.load(d + ELEM_OFF)
+    numel = tl.load(d + NUMEL)
+    fast = False
+    if ELEM_ALIGN > 1:  # every piece aligned: the masks of whole vectors are uniform, accesses stay vectors
+        numel = tl.multiple_of(numel, ELEM_ALIGN)
+        ptr, elem_off = ptr + tl.multiple_of(elem_off, ELEM_ALIGN), 0
+    elif TWO_PATHS:  # a whole tile of a piece that starts aligned takes vectors, others go element by element
+        fast = t < tl.load(d + FAST_TILES)
+    return ptr, elem_off, numel, fast
+
+
+@triton.jit
 def slot_of(desc_ptr, n_slots, g, MAX_SLOTS: tl.constexpr):
     """The slot that holds tile `g` of a launch whose tiles are dealt across slots (a slot's tiles
     start at its descriptor's TILE_BASE, the tiles of the slots before it): the last slot whose

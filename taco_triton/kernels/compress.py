@@ -25,16 +25,14 @@ from ._slot_io import (
     A_OFF,
     B_OFF,
     DESC,
-    ELEM_OFF,
-    FAST_TILES,
     N_GROUPS,
     N_SB,
     NBYTES,
-    NUMEL,
     SLOT_END,
     SLOT_OFF,
     TAG,
     TILE_BASE,
+    dense_piece,
     salt_in_kernel,
     slot_of,
     write_tag,
@@ -144,15 +142,7 @@ def _compress_slots_kernel(
         chunk_seed = seed
         if ROUND == STOCHASTIC:
             chunk_seed = salt_in_kernel(seed, j)
-        elem_off = tl.load(d + ELEM_OFF)
-        numel = tl.load(d + NUMEL)
-        base, fast = x_ptr, False
-        if ELEM_ALIGN > 1:  # every piece aligned: the masks of whole vectors are uniform, loads stay vectors
-            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
-            numel = tl.multiple_of(numel, ELEM_ALIGN)
-            base, elem_off = base + elem_off, 0  # the pointer made here, as the plain kernels take theirs
-        elif TWO_PATHS:  # a whole tile of a piece that starts aligned loads vectors, others element by element
-            fast = t < tl.load(d + FAST_TILES)
+        base, elem_off, numel, fast = dense_piece(d, t, x_ptr, ELEM_ALIGN, TWO_PATHS)
         _compress_tile(base, slot, a_ptr, b_ptr, h, h16, t, numel, tl.load(d + N_GROUPS), tl.load(d + N_SB),
                        chunk_seed, G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW,
                        FP8_HW, OP16, DOT_PREC, KRON, CDNA, K_CHUNKS, elem_off, fast, TWO_PATHS)

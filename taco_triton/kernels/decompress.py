@@ -25,16 +25,14 @@ from ._slot_io import (
     A_OFF,
     B_OFF,
     DESC,
-    ELEM_OFF,
-    FAST_TILES,
     N_GROUPS,
     N_SB,
     NBYTES,
-    NUMEL,
     SLOT_OFF,
     SRC,
     TAG,
     TILE_BASE,
+    dense_piece,
     read_tag,
     record_error,
     slot_of,
@@ -138,15 +136,7 @@ def _decompress_slots_kernel(
         if not DUAL:
             b_ptr = (slot + tl.multiple_of(tl.load(d + B_OFF), 4)).to(tl.pointer_type(tl.float32))
         t = g - tl.load(d + TILE_BASE)
-        elem_off = tl.load(d + ELEM_OFF)
-        numel = tl.load(d + NUMEL)
-        base, fast = out_ptr, False
-        if ELEM_ALIGN > 1:  # every piece aligned: the masks of whole vectors are uniform, stores stay vectors
-            elem_off = tl.multiple_of(elem_off, ELEM_ALIGN)
-            numel = tl.multiple_of(numel, ELEM_ALIGN)
-            base, elem_off = base + elem_off, 0  # the pointer made here, as the plain kernels take theirs
-        elif TWO_PATHS:  # a whole tile of a piece that starts aligned stores vectors, others element by element
-            fast = t < tl.load(d + FAST_TILES)
+        base, elem_off, numel, fast = dense_piece(d, t, out_ptr, ELEM_ALIGN, TWO_PATHS)
         _decompress_tile(slot, a_ptr, b_ptr, base, h, h16, t, numel, tl.load(d + N_GROUPS), tl.load(d + N_SB),
                          out_max, inf_above, bad, G, GPS, SBT, CODEC, BITS, PACK_K, HADAMARD, DUAL, HW, FP8_HW, OP16,
                          DOT_PREC, OVERFLOW, True, KRON, CDNA, elem_off, fast, TWO_PATHS)
