@@ -331,14 +331,18 @@ _HMMA_SHAPE = {"16816": (16, 8, 16), "1688": (16, 8, 8), "884": (8, 8, 4), "1683
 
 
 def _loop_bodies(instrs: list[tuple[int, str]], is_branch, target_of) -> list[tuple[int, int]]:
-    """(start, end) index ranges of loops: a branch back to an earlier instruction closes one."""
-    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    """(start, end) index ranges of loops: a branch back to an earlier instruction closes one (a
+    target on a NOP, which `instrs` leaves out, is the next instruction kept)."""
+    import bisect
+
+    addrs = [addr for addr, _ in instrs]
     loops = []
     for i, (addr, text) in enumerate(instrs):
         if is_branch(text):
             tgt = target_of(text)
-            if tgt is not None and tgt in index and index[tgt] <= i:
-                loops.append((index[tgt], i))
+            j = bisect.bisect_left(addrs, tgt) if tgt is not None else len(instrs)
+            if j < len(instrs) and tgt <= addrs[j] and j <= i and (tgt == addrs[j] or j > 0):
+                loops.append((j, i))
     return loops
 
 
