@@ -779,15 +779,15 @@ class HotVariant:
 def hot_variants(which: str) -> list[HotVariant]:
     """The collective calls of a set: "hotpath" (every collective, P = 2, 4, 8, 16, 16 and 64 MiB,
     aligned and odd, FP8 and INT8), "ci" (`HOT_CI` of it), "subbyte" (the same calls with INT6
-    and INT4 at G = 32), else none."""
+    and INT4 at G = 32; "hotpath-subbyte" the same), else none."""
     default = CompressionConfig()
     worlds, mib = HOT_WORLDS, HOT_MIB
     if which == "ci":
         worlds, mib = HOT_CI["worlds"], HOT_CI["mib"]
-    elif which not in ("hotpath", "subbyte"):
+    elif which not in ("hotpath", "subbyte", "hotpath-subbyte"):
         return []
     configs = ((default.replace(codec="int6", group_size=32), default.replace(codec="int4", group_size=32))
-               if which == "subbyte" else (default, default.replace(codec="int8")))
+               if which in ("subbyte", "hotpath-subbyte") else (default, default.replace(codec="int8")))
     return [HotVariant(c, w, m, odd, cfg) for cfg in configs for c in COLLECTIVES for w in worlds for m in mib
             for odd in (False, True)]
 
@@ -1268,10 +1268,10 @@ def exceptions_table(rows: list[dict]) -> str:
 
 
 def run(which: str, targets: list[str], jobs: int, only: str | None = None, numel: int | None = None) -> list[dict]:
-    """The rows of a set: the plain launches (none in "hotpath"), then the collectives' launches
+    """The rows of a set: the plain launches (none in "hotpath" and "hotpath-subbyte"), then the collectives' launches
     (`hot_variants`; in "ci" on `HOT_CI["targets"]` only)."""
     rows = []
-    if which != "hotpath":
+    if not which.startswith("hotpath"):
         work = [(v, t) for t in targets for v in select(variants(which, TARGETS[t].backend), only, numel)]
         if jobs <= 1:
             rows = [evaluate(v, t) for v, t in work]
@@ -1288,10 +1288,12 @@ def run(which: str, targets: list[str], jobs: int, only: str | None = None, nume
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--set", dest="which", choices=("ci", "quick", "subbyte", "hotpath", "full"), default="full",
+    ap.add_argument("--set", dest="which", choices=("ci", "quick", "subbyte", "hotpath", "hotpath-subbyte", "full"),
+                    default="full",
                     help="ci: default, INT8 and INT6 G=32 configs (and the collectives' launches of HOT_CI); quick: the "
                          "default and its one-field neighbours; subbyte: every INT6/INT4 config (and the collectives' "
-                         "INT6/INT4 launches); hotpath: the collectives' launches; full: all")
+                         "INT6/INT4 launches); hotpath: the collectives' launches; hotpath-subbyte: their INT6/INT4 launches alone; "
+                         "full: all")
     ap.add_argument("--quick", dest="which", action="store_const", const="quick", help="same as --set quick")
     ap.add_argument("--targets", default=None,
                     help=f"comma-separated targets of {sorted(TARGETS)} (default: all for the full set, else {','.join(QUICK_TARGETS)})")
