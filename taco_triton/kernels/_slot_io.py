@@ -66,8 +66,8 @@ def record_error(err_ptr, k, src, got, want, seq):
 @triton.jit
 def aligned16(v):
     """`v` rounded down to a multiple of 16 (16 * (v // 16)), which the compiler can see is one: an
-    element offset or count equal to `v` on the tiles that take the vector path of a launch
-    compiled for any alignment (`slots.fast_tiles`), so their accesses keep 16-byte vectors."""
+    element offset or count equal to `v` on the tiles that take the vector path of a launch with
+    two paths (`slots.two_paths`, `slots.fast_tiles`), so their accesses keep 16-byte vectors."""
     return (v // 16) * 16
 
 

@@ -74,8 +74,8 @@ def tile_rows(tile, n_groups, ROWS: tl.constexpr, G: tl.constexpr):
 
 @triton.jit
 def load_dense(base, off, offs, numel, fast, SPLIT: tl.constexpr):
-    """A tile's dense input at base + off + offs (0 past numel). SPLIT (a slotted launch compiled
-    for any alignment, `slots.fast_tiles`): where `fast`, the same address and mask written with
+    """A tile's dense input at base + off + offs (0 past numel). SPLIT (a slotted launch with two
+    paths per tile, `slots.two_paths`, or the tagged dense reduce's): where `fast`, the same address and mask written with
     `aligned16`, so the compiler sees multiples of 16 elements and keeps 16-byte vector loads.
     Only the load is on the branch: the tile's math is one copy (two inlined copies of the tile
     raised registers from 136 to 198 on gfx942, by bench/aot.py). The rounding is done inside
