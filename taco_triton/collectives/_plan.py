@@ -136,8 +136,7 @@ class Plan:
 
         compress = compress_slots_launch(flat, b.send, desc[0], len(sl.piece), slots.total_tiles(sl.lays), cfg, target,
                                          params("compress_slots", flat.dtype, max(lay.numel for lay in sl.lays)),
-                                         device, elem_align=slots.elem_align(sl.piece), seq_ptr=seq_ptr,
-                                         two_paths=slots.two_paths(sl.piece))
+                                         device, seq_ptr=seq_ptr, **slots.alignment(sl.piece))
         reduce = decompress = None
         if REDUCE in steps:
             from ..kernels.reduce import reduce_launch
@@ -156,8 +155,7 @@ class Plan:
             lays, pieces = self.gathers[k].layouts, self.gathers[k].pieces
             decompress = decompress_slots_launch(b.gathered, dense, desc[1], err, p, slots.total_tiles(lays), cfg, target,
                                                  params("decompress_slots", dense.dtype, max(lay.numel for lay in lays)),
-                                                 device, self.inf_above, elem_align=slots.elem_align(pieces),
-                                                 two_paths=slots.two_paths(pieces))
+                                                 device, self.inf_above, **slots.alignment(pieces))
         return compress, reduce, decompress
 
 

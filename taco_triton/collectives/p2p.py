@@ -116,8 +116,7 @@ class _Message:
         return Prepared(compress_slots_launch(
             flat, wire, self.desc, 1, self.tiles, self.config, target_of(flat.device),
             launch_params("compress_slots", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
-            elem_align=slots.elem_align([(0, flat.numel())]), seq_ptr=seq_ptr,
-            two_paths=slots.two_paths([(0, flat.numel())])), ("x_ptr", "out_ptr", "seed")).call
+            seq_ptr=seq_ptr, **slots.alignment([(0, flat.numel())])), ("x_ptr", "out_ptr", "seed")).call
 
     def decode(self, wire: torch.Tensor, flat: torch.Tensor, handle: bool):
         """Check the tag and decompress: on the Triton path returns the message's error record as
@@ -139,8 +138,7 @@ class _Message:
             self._decode = Prepared(decompress_slots_launch(
                 wire, flat, self.desc, record.tensor, 1, self.tiles, self.config, target_of(flat.device),
                 launch_params("decompress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
-                elem_align=slots.elem_align([(0, flat.numel())]), two_paths=slots.two_paths([(0, flat.numel())])),
-                ("data_ptr", "out_ptr", "err_ptr", "k", "seq"))
+                **slots.alignment([(0, flat.numel())])), ("data_ptr", "out_ptr", "err_ptr", "k", "seq"))
         self._decode(wire, flat, record.tensor, 0, 0)
         return _errors.watch(self, record, flat.device, handle)
 

@@ -114,8 +114,8 @@ def _decompress_slots_kernel(
     Each slot's tag is checked: a slot whose tag differs from the expected one (descriptor TAG)
     decodes to all NaN (each tile of it checks the tag) and fills the error record at err_ptr with
     (slice k, the slot's source, the tag found, the tag expected, call seq), written by program 0
-    alone (the last such slot). Tiles are dealt, and ELEM_ALIGN chooses their paths, as in
-    `_compress_slots_kernel`.
+    alone (the last such slot). Tiles are dealt, and ELEM_ALIGN and TWO_PATHS choose their
+    paths, as in `_compress_slots_kernel`.
     """
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:

@@ -121,6 +121,11 @@ def two_paths(pieces) -> bool:
     return elem_align(pieces) == 1 and all(a % 16 == 0 for a, _ in pieces)
 
 
+def alignment(pieces) -> dict:
+    """The batched launchers' `elem_align` and `two_paths` for a launch over `pieces`."""
+    return {"elem_align": elem_align(pieces), "two_paths": two_paths(pieces)}
+
+
 def fast_tiles(a: int, b: int) -> int:
     """How many leading tiles of piece [a, b) the batched kernels run with 16-element vector loads
     and stores (the rest element by element): every tile when the piece starts at and holds a
