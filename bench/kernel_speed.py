@@ -722,7 +722,7 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
-    env.use_interpreter_on_cpu(device.type)  # the Triton column on CPU: the interpreter, unless Triton came first
+    env.use_interpreter_on_cpu(device.type)  # the Triton column on CPU: Triton's interpreter
     sizes = args.sizes or (
         (CUDA_QUICK_SIZES if args.quick else CUDA_SIZES) if device.type == "cuda"
         else (CPU_QUICK_SIZES if args.quick else CPU_SIZES)

@@ -158,6 +158,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="taco-triton demo")
     ap.add_argument("--quick", action="store_true", help="smaller capture")
     args = ap.parse_args(argv)
+    # Section 2 runs the Triton kernels; on CPU that is Triton's interpreter. Decided first, before
+    # section 1 loads a model through transformers (which imports torch._dynamo, which imports Triton).
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    use_interpreter_on_cpu(device)
     import pandas as pd
 
     pd.set_option("display.width", 200)
@@ -167,8 +171,6 @@ def main(argv=None) -> None:
     print(codec_table(tensors).to_string(index=False))
     print("   ratio_vs_bf16: bytes of bf16 / bytes on the wire (scales included); errors vs the bf16 input.")
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    use_interpreter_on_cpu(device)  # before the first Triton launch; importing taco_triton imported no Triton
     first = next(iter(tensors.values()))
     interpreter_check(first[:24].to(device) if device == "cpu" else first.to(device))
 

@@ -3,9 +3,11 @@
 | variable                   | effect                                                         |
 |----------------------------|----------------------------------------------------------------|
 | TRITON_INTERPRET=1         | Triton's CPU interpreter; lets backend="triton" run on CPU     |
-|                            | tensors. Must be set before Triton is first imported: taco_triton|
-|                            | does not import it (its first Triton launch does), so a script |
-|                            | may set it after `import taco_triton` (`use_interpreter_on_cpu`)|
+|                            | tensors. Triton reads it when a function is decorated by       |
+|                            | `@triton.jit`: set it before taco_triton's kernels are first   |
+|                            | imported (its first Triton launch imports them). If another    |
+|                            | package imported Triton first, `use_interpreter_on_cpu` (or the|
+|                            | first launch) rebuilds Triton's own library for the interpreter|
 | TACO_TRITON_POISON_ALLOC=1 | fill library-allocated outputs with NaN / 0xFF (tests)         |
 | TACO_TRITON_CHECK_COLLECTIVES | when collectives exchange the 8-byte fingerprint that     |
 |                            | checks every rank called the same collective: `1` (default) on |
@@ -35,15 +37,93 @@ def interpreting() -> bool:
 
 
 def use_interpreter_on_cpu(device_type: str) -> bool:
-    """For scripts that run the Triton kernels on `device_type` tensors: on anything but CUDA, set
-    TRITON_INTERPRET=1 unless Triton is already imported (the choice is made when Triton and the
-    kernels are imported, so setting it later would not take). Returns `interpreting()`.
+    """For scripts that run the Triton kernels on `device_type` tensors: on anything but CUDA, turn
+    Triton's interpreter on (TRITON_INTERPRET=1) and make it usable now, whatever imported Triton
+    before (`prepare_interpreter`). Returns `interpreting()`: True on CPU, unchanged on CUDA.
 
-    Call it before the first Triton launch; `import taco_triton` does not import Triton.
+    Raises:
+        RuntimeError: taco_triton's kernels were already built for a GPU in this process (see
+            `prepare_interpreter`).
     """
-    if device_type != "cuda" and not interpreting() and "triton" not in sys.modules:
+    if device_type == "cuda":
+        return interpreting()
+    if not interpreting():
         os.environ["TRITON_INTERPRET"] = "1"
-    return interpreting()
+    prepare_interpreter()
+    return True
+
+
+# Triton 3.9 reads TRITON_INTERPRET (triton.knobs.runtime.interpret) each time `@triton.jit` decorates a
+# function: an InterpretedFunction with it, a JITFunction for the GPU compiler without. Triton's own
+# library (tl.cdiv, tl.max, tl.sum, ... in triton.language.standard) is decorated when `triton` is first
+# imported, and a JITFunction refuses to be called from an interpreted kernel ("Cannot call @triton.jit'd
+# outside of the scope of a kernel"). torch._dynamo imports Triton (transformers imports torch._dynamo),
+# so a script cannot count on being first. taco_triton's kernels are decorated when taco_triton.kernels is
+# first imported, which the first Triton launch does.
+def _triton_language_interpreted() -> bool:
+    standard = sys.modules.get("triton.language.standard")
+    return standard is None or type(standard.cdiv).__name__ == "InterpretedFunction"
+
+
+def _kernels_built_for_gpu() -> list[str]:
+    """The modules of taco_triton.kernels already imported with GPU-compiled (JITFunction) kernels."""
+    jit = sys.modules.get("triton.runtime.jit")
+    if jit is None:
+        return []
+    return sorted(name for name, mod in list(sys.modules.items())
+                  if name.startswith("taco_triton.kernels.") and mod is not None
+                  and any(isinstance(v, jit.JITFunction) for v in vars(mod).values()))
+
+
+def _interpret_triton_language() -> int:
+    """Rebuild Triton's own @jit library functions as the interpreter's, as `import triton` would have
+    with TRITON_INTERPRET=1 set; returns how many were rebuilt. Only objects defined in triton.language
+    are touched (module attributes and the tensor methods `_tensor_member_fn` made of them)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    rebuilt: dict[int, object] = {}
+
+    def swap(owner, name, value):
+        if isinstance(value, JITFunction) and value.fn.__module__.startswith("triton.language"):
+            new = rebuilt.setdefault(id(value), InterpretedFunction(value.fn))
+            setattr(owner, name, new)
+
+    modules = [m for n, m in list(sys.modules.items())
+               if m is not None and (n == "triton.language" or n.startswith("triton.language."))]
+    for mod in modules:
+        for name, value in list(vars(mod).items()):
+            swap(mod, name, value)
+    tensor = sys.modules["triton.language.core"].tensor
+    for name, value in list(vars(tensor).items()):
+        swap(tensor, name, value)
+    return len(rebuilt)
+
+
+def prepare_interpreter() -> None:
+    """Make Triton's interpreter usable in this process, given TRITON_INTERPRET=1 is set.
+
+    Nothing to do when Triton is not imported yet (its import will read the variable) or was imported
+    with it. When another package imported Triton first, Triton's own library is rebuilt for the
+    interpreter, as importing Triton with the variable set would have built it. Once done (or when
+    Triton came after the variable), this is one dictionary look-up.
+
+    Raises:
+        RuntimeError: taco_triton's kernels were already decorated for the GPU compiler in this process
+            (taco_triton.kernels imported while TRITON_INTERPRET was unset); they cannot run on CPU
+            tensors. The message names the modules.
+    """
+    if _triton_language_interpreted():
+        return
+    gpu_built = _kernels_built_for_gpu()
+    if gpu_built:
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 came too late for taco_triton's kernels: " + ", ".join(gpu_built) + " "
+            "were imported while it was unset, so Triton built them for a GPU and the interpreter cannot "
+            "run them on CPU tensors. Set TRITON_INTERPRET=1 (or call "
+            "taco_triton.env.use_interpreter_on_cpu) before the first Triton launch, or use "
+            "backend='auto'/'torch'")
+    _interpret_triton_language()
 
 
 def poison_alloc() -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-import sys
 
 import torch
 
@@ -23,30 +22,24 @@ BACKENDS = ("auto", "triton", "torch")
 
 @functools.lru_cache(maxsize=1)
 def _triton_available() -> bool:
-    # find_spec, not import: importing Triton decides once whether its kernels compile or run in
-    # the interpreter, and a CPU user may still set TRITON_INTERPRET after importing taco_triton
+    # find_spec, not import: a CPU user may still set TRITON_INTERPRET after importing taco_triton,
+    # and Triton reads it when a function is decorated (its own library when it is imported)
     return importlib.util.find_spec("triton") is not None
-
-
-def _interpreter_ready() -> bool:
-    """True when Triton, if already imported, was imported with its interpreter on.
-
-    `@triton.jit` picks compiled or interpreted functions when a module is imported, Triton's own
-    library (`triton.language`) included, so setting TRITON_INTERPRET after `import triton` gives
-    kernels that fail deep in the interpreter ("Cannot call @triton.jit'd outside of the scope of a
-    kernel"). Not imported yet: the first launch imports it with the variable as it is then."""
-    standard = sys.modules.get("triton.language.standard")
-    return standard is None or type(standard.cdiv).__name__ == "InterpretedFunction"
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
     """The backend that will actually run: "triton" or "torch".
 
     "auto" runs the Triton kernels on CUDA tensors and the torch reference elsewhere. "triton" on a
-    CPU tensor needs Triton's interpreter: TRITON_INTERPRET=1 in the environment before Triton is
-    first imported. `import taco_triton` does not import Triton (the first Triton launch does), so a
-    script may set the variable after importing taco_triton, as long as it comes before its own
-    `import triton` and before the first launch.
+    CPU tensor needs Triton's interpreter: TRITON_INTERPRET=1 in the environment before taco_triton's
+    kernels are first imported, which the first Triton launch does (`import taco_triton` imports
+    neither Triton nor its kernels). If another package imported Triton first, Triton's own library is
+    rebuilt for the interpreter (`env.prepare_interpreter`).
+
+    Raises:
+        ValueError: an unknown backend.
+        RuntimeError: "triton" without the triton package, on a CPU tensor without TRITON_INTERPRET=1,
+            or with taco_triton's kernels already built for a GPU in this process.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed: {list(BACKENDS)}")
@@ -60,15 +53,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         if not env.interpreting():
             raise RuntimeError(
                 f"backend='triton' on a {device.type} tensor needs Triton's interpreter: set "
-                "TRITON_INTERPRET=1 before Triton is first imported, or use backend='auto'/'torch'"
+                "TRITON_INTERPRET=1 (taco_triton.env.use_interpreter_on_cpu) before the first Triton launch, "
+                "or use backend='auto'/'torch'"
             )
-        if not _interpreter_ready():
-            raise RuntimeError(
-                f"backend='triton' on a {device.type} tensor: TRITON_INTERPRET=1 is set, but Triton was "
-                "imported before it was, so its kernels were built for a GPU and cannot run in the "
-                "interpreter; set TRITON_INTERPRET=1 before anything imports triton (taco_triton does "
-                "not), or use backend='auto'/'torch'"
-            )
+        env.prepare_interpreter()  # another package may have imported Triton first
     return "triton"
 
 

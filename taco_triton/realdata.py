@@ -240,7 +240,7 @@ def _shard(layers, inputs, grads, mask, tp, rank, hidden, ffn) -> dict[str, torc
 def _cache_path(cache_dir, **key) -> Path:
     if cache_dir is None:
         cache_dir = (os.environ.get("TACO_REALDATA_CACHE")
-                     or Path.home() / ".cache" / "taco_triton" / "realdata")
+                     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "taco_triton" / "realdata")
     # Docstrings (hence the text) change between Python versions, so key on it too.
     key.update(fmt=_FORMAT_VERSION, py=f"{sys.version_info[0]}.{sys.version_info[1]}")
     digest = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
@@ -261,7 +261,7 @@ def capture_tp_tensors(tp: int = 4, rank: int = 0, n_texts: int = 32, max_tokens
         max_tokens: pad/truncate length of every sequence.
         seed: selects the text chunks.
         cache_dir: safetensors cache directory; default ``$TACO_REALDATA_CACHE``
-            or ``~/.cache/taco_triton/realdata``.
+            or ``$XDG_CACHE_HOME`` (default ``~/.cache``) ``/taco_triton/realdata``.
 
     Returns:
         ``{"layer{i}.{attn_out.fwd,ffn_out.fwd,qkv_in.bwd,ffn_in.bwd}": tensor}``

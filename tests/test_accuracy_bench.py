@@ -91,8 +91,8 @@ def test_probe_sees_the_same_batch_and_leaves_training_unchanged():
 
 
 def _run(argv, tmp_path):
-    run = subprocess.run([sys.executable, *argv], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run([sys.executable, *argv], cwd=ROOT, env=clean_env(tmp_path / "fresh"), capture_output=True,
+                         text=True, timeout=600)
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "Traceback" not in out, out[-4000:]
     return out

@@ -23,10 +23,20 @@ TINY_TRAIN = ["--tp", "2", "--compress", "none,fp8", "--steps", "2", "--eval-eve
               "--batch", "2", "--seq", "16", "--hidden", "32", "--ffn", "64", "--data-bytes", "65536"]
 
 
-def clean_env() -> dict:
-    """This environment without what the suite sets for itself (or a user may not have)."""
+# A first run's world: the caches a newcomer starts without, each its own fresh folder.
+FRESH_DIRS = {"HOME": "home", "XDG_CACHE_HOME": "home/.cache", "TRITON_CACHE_DIR": "triton-cache",
+              "HF_HOME": "hf-home", "TACO_REALDATA_CACHE": "realdata"}
+
+
+def clean_env(fresh: Path) -> dict:
+    """This environment without what the suite sets for itself (or a user may not have), with HOME and
+    every cache a run may fill pointing at empty folders under `fresh`: a warm cache once hid a demo that
+    failed on every first run (loading the model imported Triton before the demo chose the interpreter)."""
     env = {k: v for k, v in os.environ.items()
            if k != "TRITON_INTERPRET" and not k.startswith(("TACO_", "PYTEST_", "HYPOTHESIS_"))}
+    for key, sub in FRESH_DIRS.items():
+        env[key] = str(fresh / sub)
+        (fresh / sub).mkdir(parents=True, exist_ok=True)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -72,7 +82,8 @@ CASES = [
 @pytest.mark.parametrize("argv, says", [pytest.param(a, s, id=i) for i, a, s in CASES])
 def test_entry_point_runs_without_triton_interpret(argv, says, tmp_path):
     cmd = [sys.executable, *(a.replace("{tmp}", str(tmp_path)) for a in argv)]
-    run = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600)
+    run = subprocess.run(cmd, cwd=ROOT, env=clean_env(tmp_path / "fresh"), capture_output=True, text=True,
+                         timeout=600)
     out = run.stdout + run.stderr
     assert run.returncode == 0, f"{' '.join(cmd)} exited {run.returncode}:\n{out[-4000:]}"
     assert re.search(says, out), f"{' '.join(cmd)} did not print {says!r}:\n{out[-4000:]}"
@@ -90,23 +101,61 @@ y = taco.decompress(taco.compress(x, backend="triton"), backend="triton")
 print("ok", float((y - x).norm() / x.norm()))
 """
 
-SCRIPT_TRITON_FIRST = """
-import os, torch, triton                     # Triton imported for compilation ...
-os.environ["TRITON_INTERPRET"] = "1"          # ... and the interpreter asked for too late
+# Triton imported first by another package, as transformers does through torch._dynamo, then the
+# documented path: the kernels run in the interpreter and give the reference's bytes and values.
+SCRIPT_DYNAMO_FIRST = """
+import sys, torch, torch._dynamo
+assert "triton" in sys.modules, "torch._dynamo no longer imports Triton: this case tests nothing"
 import taco_triton as taco
-taco.compress(torch.randn(4, 128), backend="triton")
+from taco_triton.env import use_interpreter_on_cpu
+assert use_interpreter_on_cpu("cpu")
+for cfg in [taco.CompressionConfig(), taco.CompressionConfig(codec="int4", group_size=32)]:
+    x = torch.randn(8, 256, dtype=torch.bfloat16)
+    c, r = taco.compress(x, cfg, backend="triton"), taco.compress(x, cfg, backend="torch")
+    assert torch.equal(c.data, r.data), cfg
+    assert torch.equal(taco.decompress(c, backend="triton"), taco.decompress(r, backend="torch")), cfg
+print("ok")
+"""
+
+# The same with only the variable set late (no call): the first launch makes the interpreter usable.
+SCRIPT_TRITON_FIRST = """
+import os, torch, triton                     # Triton imported for the GPU compiler ...
+os.environ["TRITON_INTERPRET"] = "1"          # ... and the interpreter asked for after it
+import taco_triton as taco
+x = torch.randn(4, 128)
+c, r = taco.compress(x, backend="triton"), taco.compress(x, backend="torch")
+assert torch.equal(c.data, r.data)
+print("ok")
+"""
+
+# taco_triton's own kernels decorated for the GPU compiler: too late for the interpreter, said so.
+SCRIPT_KERNELS_FIRST = """
+import torch
+import taco_triton.kernels.compress          # decorated while TRITON_INTERPRET is unset
+from taco_triton.env import use_interpreter_on_cpu
+use_interpreter_on_cpu("cpu")
 """
 
 
-def test_a_script_may_set_the_interpreter_after_importing_the_package():
-    run = subprocess.run([sys.executable, "-c", SCRIPT_AFTER_IMPORT], cwd=ROOT, env=clean_env(),
-                         capture_output=True, text=True, timeout=300)
+def _python(script, tmp_path):
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=clean_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_script_may_set_the_interpreter_after_importing_the_package(tmp_path):
+    run = _python(SCRIPT_AFTER_IMPORT, tmp_path)
     assert run.returncode == 0 and run.stdout.startswith("ok"), run.stdout + run.stderr
 
 
-def test_interpreter_set_after_triton_was_imported_raises_a_clear_error():
-    run = subprocess.run([sys.executable, "-c", SCRIPT_TRITON_FIRST], cwd=ROOT, env=clean_env(),
-                         capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("script", [pytest.param(SCRIPT_DYNAMO_FIRST, id="torch._dynamo-then-use_interpreter_on_cpu"),
+                                    pytest.param(SCRIPT_TRITON_FIRST, id="import-triton-then-set-the-variable")])
+def test_the_interpreter_runs_the_kernels_whatever_imported_triton_first(script, tmp_path):
+    run = _python(script, tmp_path)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr[-3000:]
+
+
+def test_kernels_built_for_the_gpu_compiler_raise_a_clear_error_naming_them(tmp_path):
+    run = _python(SCRIPT_KERNELS_FIRST, tmp_path)
     assert run.returncode != 0
-    assert "Triton was imported before it was" in run.stderr, run.stderr[-3000:]
-    assert "Cannot call @triton.jit" not in run.stderr, run.stderr[-3000:]
+    assert "TRITON_INTERPRET=1 came too late" in run.stderr, run.stderr[-3000:]
+    assert "taco_triton.kernels.compress" in run.stderr, run.stderr[-3000:]

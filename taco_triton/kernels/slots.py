@@ -13,7 +13,7 @@ host-visible buffer (`ErrorRecord`, one per call in flight), which the host read
 blocking.
 
 This module is the host side and imports no Triton (the collectives import it with the package, and
-Triton must not be imported before a CPU user sets TRITON_INTERPRET); the device side, the same
+a CPU user sets TRITON_INTERPRET before the kernels are decorated); the device side, the same
 fields as constexprs and the tag helpers, is `_slot_io.py`.
 """
 from __future__ import annotations
