@@ -57,6 +57,24 @@ odd-sized pieces that a launch with two paths per tile runs element by element, 
 their path is weighed apart from the vector one, `tile_arms`), programs (the grid), launches (one per slice). Floors: `HOT_FLOORS`, and an
 odd-sized launch within `ODD_WITHIN` of its aligned twin.
 
+What a collective's row counts (conventions: an upper bound of what runs, never less). Reading
+SASS, a CALL to code that never returns is a branch (ptxas ends sm_80 loops with
+`@!P4 CALL.REL.NOINC` to the code after them), and a BRA.DIV's fallback for a diverged warp is not
+taken (Triton's branches are uniform: warps arrive converged). Counted although they may not run:
+the code outside loops, once in every program; the loops
+around a slot's tag and zero padding (`_slot_io.write_tag`), as many times as the plan's slots or the
+reduce's ranks make them, though the padding loop runs no iteration when a slot's padding fits in
+the tag's 32 bytes (the plan's strides); code on a branch a tile skips (a slow path's call set-up,
+the element-wise path where `tile_arms` does not find two paths). Not counted: subroutines (the
+slow paths, `slow_calls_per_tile` and the *_worst columns; the shuffles of a diverged warp).
+
+Each collective row is read a second time (`model_misreads`; `check_floors` fails a row that
+misses one, whatever `EXCEPTIONS` says): loop_bytes_ratio, the bytes the global loads and stores
+inside the tile loop move (width x lanes x warps, times the runs the model gives them, descriptor
+reads left out) over the bytes the launch must move, within `LOOP_BYTES` (NVIDIA); desc_in_tile_loop,
+the tile loop holds the slot lookup's descriptor loads (slotted kernels); launch_check, empty when
+the launches are those the library's own `Call` and plan make for the call (`check_launches`).
+
 Usage:
     python bench/aot.py --set hotpath                 # the collectives' launches, 5 targets
     python bench/aot.py --quick                       # defaults and key variants, 5 targets
@@ -346,26 +364,94 @@ def _loop_bodies(instrs: list[tuple[int, str]], is_branch, target_of) -> list[tu
     return loops
 
 
+def _sass_op(text: str) -> str:
+    """The opcode of one SASS instruction (after its predicate, if any)."""
+    parts = text.split()
+    return parts[1 if text.startswith("@") and len(parts) > 1 else 0] if parts else ""
+
+
+def _sass_target(text: str) -> int | None:
+    """The address a SASS branch or call goes to (its last operand), or None (an indirect one)."""
+    g = re.search(r"0x([0-9a-f]+)\s*$", text)
+    return int(g.group(1), 16) if g else None
+
+
+def _sass_index(addrs: list[int], addr: int | None) -> int | None:
+    """The index of the first instruction at or after `addr` (the NOPs the reader leaves out are
+    often branch targets), or None past the end."""
+    import bisect
+
+    if addr is None:
+        return None
+    j = bisect.bisect_left(addrs, addr)
+    return j if j < len(addrs) and (j or addrs[0] == addr) else None
+
+
+def _sass_returns(instrs, start: int) -> bool:
+    """Whether the code at `start`, a CALL's target, returns: a RET is on some path from it (a
+    subroutine: the division and square-root slow paths, the shuffles of a diverged warp). ptxas
+    also jumps with a call to code that never returns: on sm_80 a loop can end in
+    `@!P4 CALL.REL.NOINC .L_x_14` to the code after the loop, whose paths end in EXIT or branch
+    back into the kernel. Calls on the way are taken as returning (their targets not followed)."""
+    addrs = [addr for addr, _ in instrs]
+    seen, stack = {start}, [start]
+    while stack:
+        i = stack.pop()
+        text = instrs[i][1]
+        op = _sass_op(text)
+        if op.startswith("RET"):
+            return True
+        nxt = []
+        if not (op in ("BRA", "EXIT") or op.startswith("BRX") or op.startswith("JMX")) or text.startswith("@"):
+            nxt.append(i + 1)
+        if op.startswith("BRA") and not op.startswith("BRA.DIV"):
+            nxt.append(_sass_index(addrs, _sass_target(text)))
+        for j in nxt:
+            if j is not None and j < len(instrs) and j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return False
+
+
+def _sass_calls(instrs) -> dict[int, bool]:
+    """{index of a CALL: whether its target returns (`_sass_returns`)} for every direct CALL."""
+    addrs = [addr for addr, _ in instrs]
+    out, returns = {}, {}
+    for i, (_, text) in enumerate(instrs):
+        if _sass_op(text).startswith("CALL"):
+            j = _sass_index(addrs, _sass_target(text))
+            if j is not None:
+                if j not in returns:
+                    returns[j] = _sass_returns(instrs, j)
+                out[i] = returns[j]
+    return out
+
+
 def _sass_successors(instrs) -> list[list[int]]:
     """The control-flow successors of each SASS instruction (by index): the next one unless an
     unpredicated branch, EXIT or RET ends the path, and a branch's target (the first instruction
-    at or after it: the NOPs `instrs` leaves out are often branch targets). A CALL returns."""
-    import bisect
+    at or after it: the NOPs `instrs` leaves out are often branch targets).
 
+    A CALL to a subroutine returns: the next instruction (the subroutine, after the kernel's EXIT,
+    is counted apart: `_slow_calls`). A CALL to code that does not return (`_sass_returns`; ptxas's
+    sm_80 loop exits, `@!P4 CALL.REL.NOINC .L_x_14`) is a branch: its target, and the next
+    instruction when predicated. A `BRA.DIV` goes to ptxas's fallback for a warp whose threads
+    diverged; Triton's branches are uniform (the whole program takes them), so warps arrive there
+    converged and it is not taken: the next instruction only."""
     addrs = [addr for addr, _ in instrs]
+    calls = _sass_calls(instrs)
     out = []
     for i, (_, text) in enumerate(instrs):
         predicated = text.startswith("@")
-        op = text.split()[1 if predicated else 0]
+        op = _sass_op(text)
+        jump = i in calls and not calls[i]
         succ = []
-        if not (op in ("BRA", "EXIT") or op.startswith("RET")) or predicated:
+        if not (op in ("BRA", "EXIT") or op.startswith("RET") or jump) or predicated:
             succ.append(i + 1)
-        if op.startswith("BRA"):
-            g = re.search(r"0x([0-9a-f]+)\s*$", text)
-            if g:  # a target on a NOP (not in `instrs`) is the next instruction kept
-                j = bisect.bisect_left(addrs, int(g.group(1), 16))
-                if j < len(instrs) and (j or addrs[0] == int(g.group(1), 16)):
-                    succ.append(j)
+        if (op.startswith("BRA") and not op.startswith("BRA.DIV")) or jump:
+            j = _sass_index(addrs, _sass_target(text))
+            if j is not None:
+                succ.append(j)
         out.append([j for j in succ if j < len(instrs)])
     return out
 
@@ -501,6 +587,7 @@ def analyze_cuda(kernel, gpu: GPU) -> dict:
         f.flush()
         res = subprocess.run([str(nv / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
         sass = subprocess.run([str(nv / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+        listing = subprocess.run([str(nv / "nvdisasm"), "-g", "-c", f.name], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res)
     regs, stack, shared, local = map(int, m.groups())
     instrs = []
@@ -524,7 +611,72 @@ def analyze_cuda(kernel, gpu: GPU) -> dict:
     return {"regs": regs, "spill_bytes": stack + local, "smem_bytes": shared + kernel.metadata.shared * 0,
             "smem_dynamic": kernel.metadata.shared, "instr_per_tile": per_tile, "static_instr": len(instrs),
             "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
-            **_slow_calls(instrs, weighted), "instrs": instrs, "cfg": _cfg_loops(instrs, _sass_successors(instrs))}
+            **_slow_calls(instrs, weighted), "instrs": instrs, "cfg": _cfg_loops(instrs, _sass_successors(instrs)),
+            "desc_loads": _desc_loads(instrs, _sass_lines(listing, instrs))}
+
+
+def _sass_lines(listing: str, instrs) -> dict[int, tuple[str, int]]:
+    """{instruction index: (source file name, line)} from `nvdisasm -g`'s listing (the innermost
+    source line of each instruction, that of an inlined helper where it is one)."""
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    out, here = {}, None
+    for line in listing.splitlines():
+        f = re.match(r'\s*//## File "(.*)", line (\d+)', line)
+        if f:
+            here = (Path(f.group(1)).name, int(f.group(2)))
+            continue
+        s = _SASS_LINE.match(line)
+        if s and here is not None and int(s.group(1), 16) in index:
+            out[index[int(s.group(1), 16)]] = here
+    return out
+
+
+def _function_lines(fn) -> set[tuple[str, int]]:
+    """(file name, line) of every line of a `@triton.jit` function's source."""
+    import inspect
+
+    src, first = inspect.getsourcelines(fn.fn)
+    return {(Path(inspect.getsourcefile(fn.fn)).name, first + i) for i in range(len(src))}
+
+
+def _desc_loads(instrs, lines: dict) -> dict:
+    """The global loads (indices) of a slotted kernel that read its slots' descriptors, by their
+    source lines (`lines`: index -> (file name, line)): {"all": those of the kernel's own body and of
+    its descriptor helpers (`_slot_io.slot_of`, `_slot_io.dense_piece`), "tile": the slot lookup's
+    (`slot_of`), which every tile makes}. The body's loads are all of one descriptor field (one
+    address for the whole warp, from cache: not traffic the launch must move); its data moves in
+    the tile helpers. By lines of whole functions, not of one statement: the compilers often give
+    a load the line of a neighbouring statement."""
+    from taco_triton.kernels import _slot_io, compress, decompress
+
+    body = (_function_lines(compress._compress_slots_kernel) | _function_lines(decompress._decompress_slots_kernel)
+            | _function_lines(_slot_io.dense_piece))
+    lookup = _function_lines(_slot_io.slot_of)
+    loads = {i: loc for i, loc in lines.items() if _global_access(instrs[i][1])}
+    return {"all": sorted(i for i, loc in loads.items() if loc in body | lookup),
+            "tile": sorted(i for i, loc in loads.items() if loc in lookup)}
+
+
+_AMD_WIDTH = {"dword": 4, "dwordx2": 8, "dwordx3": 12, "dwordx4": 16, "b32": 4, "b64": 8, "b96": 12, "b128": 16}
+
+
+def access_bytes(text: str, lanes: int) -> int:
+    """Bytes one warp- (wave-) instruction that loads or stores global memory moves with every lane
+    active (`lanes` of them), from its width (SASS: LDG.E.128 16 B a thread, .64 8, .U16/.S16 2,
+    .U8/.S8 1, else 4; AMDGCN: dwordx4 16, ..., short 2, byte 1); 0 for any other instruction."""
+    if not _global_access(text):
+        return 0
+    op = text.split()[1 if text.startswith("@") else 0]
+    if op[:3] in ("LDG", "STG"):
+        parts = set(op.split("."))
+        size = (32 if "256" in parts else 16 if "128" in parts else 8 if "64" in parts else
+                2 if parts & {"U16", "S16"} else 1 if parts & {"U8", "S8"} else 4)
+        return size * lanes
+    width = op.split("_", 2)[2] if op.count("_") >= 2 else ""
+    width = width.removesuffix("_d16_hi").removesuffix("_d16")
+    size = _AMD_WIDTH.get(width) or (2 if "short" in width or width.endswith("16") else 1 if "byte" in width or
+                                     width.endswith("8") else 4)
+    return size * lanes
 
 
 _CALL = re.compile(r"(?:^|\s)CALL\.REL(?:\.NOINC)?\s+(?:`\()?\.?[A-Za-z_$.0-9]*\)?\s*0x([0-9a-f]+)")
@@ -534,12 +686,14 @@ def _slow_calls(instrs, weighted) -> dict:
     """The slow paths the tile loop calls (CALL.REL to a subroutine after the kernel's EXIT: FP32
     division and square root for subnormal, huge or special operands): call sites per tile and
     the instructions per tile if every call is taken (`instr_per_tile_worst`), each callee's static
-    length (an upper bound of any path through it) added per call."""
+    length (an upper bound of any path through it) added per call. A call to code that does not
+    return is a jump (`_sass_successors`), not a slow path."""
     index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    returns = _sass_calls(instrs)
     calls, extra = 0, 0
     for i, w in weighted:
         m = _CALL.search(instrs[i][1])
-        if not m or int(m.group(1), 16) not in index:
+        if not m or int(m.group(1), 16) not in index or not returns.get(i, True):
             continue
         start = index[int(m.group(1), 16)]
         end = next((j for j in range(start, len(instrs)) if instrs[j][1].split()[0].lstrip("@!P0123456789 ").startswith("RET")
@@ -561,7 +715,7 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
     scratch = meta("private_segment_fixed_size")
     lds = meta("group_segment_fixed_size")
     body = asm.split(".Lfunc_end")[0]
-    instrs, labels = [], {}
+    instrs, labels, files, lines, here = [], {}, {}, {}, None
     for line in body.splitlines():
         # a label often carries a comment ("; %loop_header"): without it the label is not seen, the
         # loop's back-edge has no target, and the loop body is missed
@@ -569,7 +723,15 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
         if re.match(r"^\.?L?[A-Za-z0-9_$.]+:$", t) and not t.startswith(".amdhsa"):
             labels[t[:-1]] = len(instrs)
             continue
+        f = re.match(r'\.file\s+(\d+)\s+"[^"]*"\s+"([^"]+)"', t)
+        if f:
+            files[f.group(1)] = Path(f.group(2)).name
+        loc = re.match(r"\.loc\s+(\d+)\s+(\d+)", t)
+        if loc:  # the source line of the instructions that follow (the innermost, as nvdisasm's)
+            here = (files.get(loc.group(1), ""), int(loc.group(2)))
         if re.match(r"^[sv]_|^(global|buffer|ds|flat|scratch)_", t):
+            if here is not None:
+                lines[len(instrs)] = here
             instrs.append((len(instrs), t))
 
     def is_branch(t):
@@ -590,7 +752,7 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
             "instr_per_tile": per_tile, "static_instr": len(instrs),
             "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
             "slow_calls_per_tile": 0, "slow_instr_per_tile": 0, "classes": classes, "instrs": instrs,
-            "cfg": _cfg_loops(instrs, _gcn_successors(instrs, labels))}
+            "cfg": _cfg_loops(instrs, _gcn_successors(instrs, labels)), "desc_loads": _desc_loads(instrs, lines)}
 
 
 #: The instruction classes of AMD's CU scheduler, each issued to its own unit (AMD, ROCm Compute
@@ -751,7 +913,7 @@ HOT_WORLDS = (2, 4, 8, 16)
 HOT_MIB = (16, 64)
 #: The reduced set `tests/test_aot.py` compiles in CI (every launch kind, aligned and odd; the
 #: full set is `--set hotpath`).
-HOT_CI = {"worlds": (8,), "mib": (16,), "targets": ("sm_90",)}
+HOT_CI = {"worlds": (8,), "mib": (16,), "targets": ("sm_90", "sm_80")}
 #: The least % of copy bandwidth every launch of the collectives is to reach by this model.
 HOT_FLOORS = {"sm_90": 95.0, "sm_100": 85.0, "sm_80": 80.0, "sm_89": 80.0, "gfx942": 80.0}
 
@@ -792,30 +954,65 @@ def hot_variants(which: str) -> list[HotVariant]:
             for odd in (False, True)]
 
 
-def hot_plan(hv: HotVariant, device: torch.device = torch.device("meta")):
-    """The plan the library builds for this call on rank 0 (`collectives._plan.Plan`; on the meta
-    device by default: shapes and descriptor rows, no memory) and the call's flat input and
-    output (uninitialised)."""
-    from types import SimpleNamespace
+def library_call(hv: HotVariant, device: torch.device = torch.device("meta")):
+    """The library's own `Call` for this call (`collectives._call.Call`: its path, its pipeline depth
+    from the call's largest tensor, its signature and fingerprint), made as `taco_triton.<collective>`
+    makes it on rank 0 of a group of `hv.world` ranks, with the call's tensors as a caller passes them
+    (uninitialised; all_reduce's tensor, else (output, input)) and its shape (`collectives._shapes`).
 
-    from taco_triton.collectives import _call, _plan, _shapes
+    Returns:
+        (call, shape, tensors).
 
+    Raises:
+        RuntimeError: a process group already exists in this process. The group here is torch's
+            fake process group (sizes and ranks, no communication), made for the call and destroyed.
+    """
+    import contextlib
+    import unittest.mock
+
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from taco_triton import ops
+    from taco_triton.collectives import _call, _shapes
+
+    if dist.is_initialized():
+        raise RuntimeError("bench/aot.py makes its own (fake) process group to build a call; one exists already")
     dt = DTYPES[hv.dtype]
     n = int(hv.mib * (1 << 20)) // dt.itemsize
-    shape = {"all_reduce": _shapes.AllReduce(), "reduce_scatter": _shapes.ReduceScatter(),
-             "all_gather": _shapes.AllGather()}[hv.collective]
+    shape = {"all_reduce": _shapes.ALL_REDUCE_SHAPE, "reduce_scatter": _shapes.REDUCE_SCATTER_SHAPE,
+             "all_gather": _shapes.ALL_GATHER_SHAPE}[hv.collective]
     if hv.collective == "all_reduce":
-        src = dst = torch.empty(n - hv.odd, dtype=dt, device=device)
+        tensors = (torch.empty(n - hv.odd, dtype=dt, device=device),)
     else:
         m = n // hv.world - hv.odd  # one rank's shard
         big, small = torch.empty(m * hv.world, dtype=dt, device=device), torch.empty(m, dtype=dt, device=device)
-        src, dst = (big, small) if hv.collective == "reduce_scatter" else (small, big)
-    nbytes = src.numel() * dt.itemsize
-    signature = (hv.collective, hv.world, hv.mib, hv.odd, str(hv.config))
-    call = SimpleNamespace(kind=hv.collective, signature=signature, fp=hash(signature) & 0xFFFFFFFF, p=hv.world,
-                           rank=0, config=hv.config, backend="triton", depth=_call.depth(nbytes, "auto"), op="sum",
-                           dtype=dt)
-    chunks, chunk_numel = shape.chunks(src, dst, hv.world)
+        tensors = (small, big) if hv.collective == "reduce_scatter" else (big, small)
+    # the tensors stand on the meta device for a GPU's: backend="triton" resolves as on a GPU (the
+    # library's resolver would ask for the interpreter, which this process must not switch on)
+    on_gpu = (unittest.mock.patch.object(ops, "resolve_backend", lambda backend, dev: "triton")
+              if device.type != "cuda" else contextlib.nullcontext())
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=hv.world)
+    try:
+        shape.check(tensors, None)
+        with on_gpu:
+            call = _call.Call(hv.collective, tensors, None, hv.config, "sum", None, "auto", None, "triton")
+    finally:
+        dist.destroy_process_group()
+    if not call.compress:
+        raise ValueError(f"{hv}: the library sends this call uncompressed")
+    return call, shape, tensors
+
+
+def hot_plan(hv: HotVariant, device: torch.device = torch.device("meta")):
+    """The plan the library builds for this call on rank 0 (`collectives._plan.Plan`, from the
+    library's `Call`: `library_call`; on the meta device by default: shapes and descriptor rows, no
+    memory) and the call's flat input and output (uninitialised)."""
+    from taco_triton.collectives import _plan
+
+    call, shape, tensors = library_call(hv, device)
+    src, dst, _ = shape.flats(tensors)
+    chunks, chunk_numel = shape.chunks(src, dst, call.p)
     return _plan.Plan(call, shape, chunks, device, chunk_numel), src, dst
 
 
@@ -925,6 +1122,35 @@ def tile_arms(a: dict, body: frozenset, header: int) -> tuple[set, set] | None:
     return fast, slow
 
 
+def loop_nest(a: dict, kernel: str) -> dict | None:
+    """The loops of a compiled launch's control-flow graph (`_cfg_loops`) nested by their bodies, and
+    which of them the model takes for the launch's main nest (`launch_weights`): {"bodies": header ->
+    body, "parents": header -> the loop around it or None, "tile": the tile loop, "slot": a loop over
+    slots around it or None, "rank": the reduce's loop over ranks inside it or None}; None when the
+    code has no loop."""
+    bodies = {h: frozenset(b) for h, b in a["cfg"]["loops"]}
+    if not bodies:
+        return None
+
+    def parent(h):
+        outer = [g for g in bodies if g != h and bodies[h] < bodies[g]]
+        return min(outer, key=lambda g: len(bodies[g])) if outer else None
+
+    parents = {h: parent(h) for h in bodies}
+    children = {h: [c for c in bodies if parents[c] == h] for h in bodies}
+    size = {h: len(b) for h, b in bodies.items()}
+    top = max((h for h in bodies if parents[h] is None), key=size.get)
+    out = {"bodies": bodies, "parents": parents, "tile": top, "slot": None, "rank": None}
+    if kernel.startswith("reduce"):
+        if children[top]:
+            out["rank"] = max(children[top], key=size.get)
+    else:
+        inner = max(children[top], key=size.get, default=None)
+        if inner is not None and size[inner] * 2 >= size[top]:
+            out["slot"], out["tile"] = top, inner
+    return out
+
+
 def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, ranks: int,
                    slow_tiles: int | None = None) -> list[tuple[int, float]]:
     """(instruction index, times it runs in the whole launch) for a compiled launch: the model of
@@ -945,33 +1171,18 @@ def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, 
     plain model."""
     cfg = a["cfg"]
     n = len(a["instrs"])
-    bodies = {h: frozenset(b) for h, b in cfg["loops"]}
     reached = set(cfg["reached"])
-    if not bodies:
+    nest = loop_nest(a, kernel)
+    if nest is None:
         return [(i, float(programs if i in reached else 0)) for i in range(n)]
-
-    def parent(h):
-        outer = [g for g in bodies if g != h and bodies[h] < bodies[g]]
-        return min(outer, key=lambda g: len(bodies[g])) if outer else None
-
-    parents = {h: parent(h) for h in bodies}
-    children = {h: [c for c in bodies if parents[c] == h] for h in bodies}
+    bodies, parents, tile_loop = nest["bodies"], nest["parents"], nest["tile"]
     size = {h: len(b) for h, b in bodies.items()}
-    top = max((h for h in bodies if parents[h] is None), key=size.get)
-    runs, tile_loop = {}, None
-    if kernel.startswith("reduce"):
-        runs[top] = tiles
-        tile_loop = top
-        if children[top]:
-            runs[max(children[top], key=size.get)] = tiles * ranks
-    else:
-        inner = max(children[top], key=size.get, default=None)
-        if inner is not None and size[inner] * 2 >= size[top]:
-            runs[top], runs[inner] = programs * slots, tiles
-            tile_loop = inner
-        else:
-            runs[top] = tiles
-            tile_loop = top
+    runs = {tile_loop: tiles}
+    if nest["slot"] is not None:
+        runs[nest["slot"]] = programs * slots
+    if nest["rank"] is not None:
+        runs[nest["rank"]] = tiles * ranks
+
     def times(h):
         if h not in runs:
             if not kernel.startswith("reduce"):
@@ -1012,6 +1223,86 @@ def weigh(a: dict, weights: list[tuple[int, float]], per: float) -> dict:
     return out
 
 
+#: The model's second reading of each launch (`model_misreads`): the bytes the global loads and
+#: stores inside the tile loop it counts move (each access's width x lanes x warps, times the runs
+#: the model gives it) over the bytes the launch must move, within these bounds. A loop taken for
+#: the wrong one (the loop over ranks, a tag's padding), or a tile loop cut short, moves a fraction;
+#: the bound above leaves room for the lanes a partial tile masks off and the scales several threads
+#: load alike.
+LOOP_BYTES = (1.0, 1.2)
+
+
+def loop_bytes(a: dict, weights: list[tuple[int, float]], kernel: str, num_warps: int, lanes: int) -> float:
+    """The bytes the global loads and stores of the launch's tile loop (`loop_nest`, its inner
+    loops included) move over the whole launch, by `weights` (`launch_weights`); descriptor reads
+    (`_desc_loads`) left out."""
+    nest = loop_nest(a, kernel)
+    if nest is None:
+        return 0.0
+    body, instrs = nest["bodies"][nest["tile"]] - set(a.get("desc_loads", {}).get("all", ())), a["instrs"]
+    return sum(w * access_bytes(instrs[i][1], lanes) for i, w in weights if i in body) * num_warps
+
+
+def desc_in_tile_loop(a: dict, kernel: str) -> bool | None:
+    """Whether the tile loop the model takes (`loop_nest`) holds the descriptor loads every tile
+    makes (`_desc_loads`: its slot lookup); None for a launch without them (the reduce)."""
+    loads = set(a.get("desc_loads", {}).get("tile", ()))
+    if kernel.startswith("reduce") or not loads:
+        return None
+    nest = loop_nest(a, kernel)
+    return nest is not None and loads <= nest["bodies"][nest["tile"]]
+
+
+_STEP_KERNEL = {"compress": "compress_slots", "decompress": "decompress_slots"}
+
+
+def check_launches(hv: HotVariant, launches: list[dict]) -> list[str]:
+    """What differs between the launches the model counts for a call (`hot_launches`) and those the
+    library makes for it: the library's `Call` (`library_call`) cut into its slices
+    (`collectives._plan.pieces`), each running its shape's stages in order (compress, the reduce or
+    dense reduce, decompress), the slices' compress covering the call's input, a decompress its
+    output, the reduce this rank's chunk. Returns the differences ([] when none)."""
+    from taco_triton.collectives import _plan
+
+    call, shape, tensors = library_call(hv)
+    src, dst, _ = shape.flats(tensors)
+    chunks, _ = shape.chunks(src, dst, call.p)
+    n_slices = len(_plan.pieces(chunks, call.depth))
+    reduce = "reduce_tagged_dense" if shape.dense_reduce else "reduce_tagged"
+    kinds = [_STEP_KERNEL.get(st.op, reduce) for st in shape.stages]
+    want = [(k, kind) for k in range(n_slices) for kind in kinds]
+    got = [(x["slice"], x["kernel"]) for x in launches]
+    problems = []
+    if got != want:
+        problems.append(f"the model counts {len(got)} launches {got[:6]}, the library makes {len(want)} {want[:6]} "
+                        f"({n_slices} slices of depth {call.depth})")
+    a, b = chunks[call.rank]
+    for kind, n in (("compress_slots", src.numel()), (reduce, b - a), ("decompress_slots", dst.numel())):
+        have = sum(x["elements"] for x in launches if x["kernel"] == kind)
+        if kind in kinds and have != n:
+            problems.append(f"{kind}: the launches cover {have} elements, the call {n}")
+    return problems
+
+
+def model_misreads(row: dict) -> list[str]:
+    """The model's cross-checks that a collective's row fails (`hot_rows`' columns): its tile loop's
+    loads and stores move `LOOP_BYTES` of what the launch must move (loop_bytes_ratio), its tile loop
+    holds the descriptor loads (desc_in_tile_loop), its launches are the library's (launch_check)."""
+    out = []
+    ratio = row.get("loop_bytes_ratio")
+    # NVIDIA only: AMD's waves load a group's scale in all 64 lanes from one address, which a width x
+    # lanes reading counts 64 times (gfx942: 1.1-1.3x)
+    nvidia = row.get("target") in TARGETS and TARGETS[row["target"]].backend == "cuda"
+    if nvidia and ratio is not None and ratio == ratio and not LOOP_BYTES[0] <= ratio <= LOOP_BYTES[1]:
+        out.append(f"the tile loop's loads and stores move {ratio}x the bytes the launch must move "
+                   f"(not {LOOP_BYTES[0]}-{LOOP_BYTES[1]}x): the loop is misread")
+    if _field(row, "desc_in_tile_loop") == "False":
+        out.append("the tile loop does not hold the slot lookup's descriptor loads: the loop is misread")
+    if _field(row, "launch_check"):
+        out.append(f"launches: {row['launch_check']}")
+    return out
+
+
 TILE = 2 * 4096  # elements per tile (taco_triton.kernels._tables.SB_PER_TILE super-blocks)
 
 
@@ -1027,7 +1318,9 @@ def hot_rows(hv: HotVariant, target: str, analyses: dict) -> list[dict]:
     whole launch. `analyses`: compile_key -> analysis (or an error string)."""
     gpu = TARGETS[target]
     rows = {}
-    for x in hot_launches(hv, gpu):
+    launches = hot_launches(hv, gpu)
+    launch_check = "; ".join(check_launches(hv, launches))
+    for x in launches:
         launch, kernel = x["launch"], x["kernel"]
         r = rows.setdefault(kernel, {"parts": [], "error": ""})
         a = analyses[compile_key(launch, gpu)]
@@ -1048,6 +1341,8 @@ def hot_rows(hv: HotVariant, target: str, analyses: dict) -> list[dict]:
             continue
         elements = sum(x["elements"] for x, *_ in r["parts"])
         nbytes = sum(x["bytes"] for x, *_ in r["parts"])
+        moved = sum(loop_bytes(a, ws, kernel, x["launch"].meta["num_warps"], gpu.warp) for x, a, ws, _ in r["parts"])
+        desc = [desc_in_tile_loop(a, kernel) for _, a, *_ in r["parts"]]
         per = max(elements, 1) / TILE
         # the slices' launches in turn: their weights add; registers etc. are the first launch's
         a0 = r["parts"][0][1]
@@ -1069,7 +1364,9 @@ def hot_rows(hv: HotVariant, target: str, analyses: dict) -> list[dict]:
                    slots=sum(x["slots"] for x, *_ in r["parts"]), tiles=sum(x["tiles"] for x, *_ in r["parts"]),
                    slow_tiles=sum(x["slow_tiles"] or 0 for x, *_ in r["parts"]),
                    programs=max(q for *_, q in r["parts"]),
-                   **model_of(a, p0["num_warps"], nbytes / max(elements, 1), gpu))
+                   **model_of(a, p0["num_warps"], nbytes / max(elements, 1), gpu),
+                   loop_bytes_ratio=round(moved / max(nbytes, 1), 3),
+                   desc_in_tile_loop=None if desc[0] is None else all(desc), launch_check=launch_check)
         out.append(row)
     return out
 
@@ -1230,6 +1527,7 @@ def check_floors(rows: list[dict], baseline: list[dict] | None = None) -> list[s
         if not r["ok"]:
             problems.append(f"{name}: did not compile: {r['error']}")
             continue
+        problems += [f"{name}: {m}" for m in model_misreads(r)]  # no EXCEPTIONS entry excuses these
         excepted = any(_matches(r, fields) for fields, _ in EXCEPTIONS)
         if r["spill_bytes"] and not excepted:
             problems.append(f"{name}: spills {r['spill_bytes']} B and no EXCEPTIONS entry names it")

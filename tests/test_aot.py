@@ -168,6 +168,146 @@ def test_odd_sizes_are_held_to_their_aligned_twins():
                                 [{**excepted, "pct_copy_bw_bound": 97.0}])) == 1
 
 
+#: A tagged reduce as ptxas lays it out for sm_80: a tile loop (1..12) with the loop over ranks
+#: (2..5) inside, each left by a predicated CALL.REL.NOINC to the code after it (which never
+#: returns), a warp-divergence fallback (BRA.DIV, 14..15) and a slow-path subroutine (16..17).
+_SM80_REDUCE = [
+    (0x00, "MOV R0, RZ"),
+    (0x10, "IMAD R1, R1, R1, RZ"),            # tile loop header
+    (0x20, "LDG.E.128 R4, [R2.64]"),          # rank loop header: one rank's codes, 16 B a thread
+    (0x30, "FADD R5, R5, R4"),
+    (0x40, "@!P4 CALL.REL.NOINC 0x60"),       # the rank loop's exit
+    (0x50, "BRA 0x20"),                       # rank loop latch
+    (0x60, "BSYNC B1"),
+    (0x70, "BRA.DIV ~URZ, 0xe0"),             # a diverged warp's fallback: not taken
+    (0x80, "SHFL.BFLY PT, R7, R5, 0x1, 0x1f"),
+    (0x90, "CALL.REL.NOINC 0x100"),           # a slow path: returns
+    (0xa0, "STG.E.128 [R6.64], R8"),          # the tile's output, 16 B a thread
+    (0xb0, "@P1 CALL.REL.NOINC 0xd0"),        # the tile loop's exit
+    (0xc0, "BRA 0x10"),                       # tile loop latch
+    (0xd0, "EXIT"),
+    (0xe0, "CALL.REL.NOINC 0x100"),           # the fallback
+    (0xf0, "BRA 0xa0"),
+    (0x100, "FFMA R1, R1, R1, R1"),           # the subroutine
+    (0x110, "RET.REL.NODEC R20 0x0"),
+]
+
+
+def _old_calls(instrs):
+    """The model's former reading: every CALL returns."""
+    return {i: True for i, (_, text) in enumerate(instrs) if " CALL" in f" {text}"}
+
+
+def _reduce_row(aot, sass, programs=2, tiles=8, ranks=2):
+    """A tagged reduce's row from its SASS: 8 tiles of one warp, each reading `ranks` ranks' 16-byte
+    vectors and writing one (the bytes the launch must move: (ranks + 1) x 16 B x 32 lanes a tile)."""
+    a = {"instrs": sass, "cfg": aot._cfg_loops(sass, aot._sass_successors(sass))}
+    w = aot.launch_weights(a, "reduce_tagged", programs=programs, tiles=tiles, slots=ranks, ranks=ranks)
+    moved = aot.loop_bytes(a, w, "reduce_tagged", num_warps=1, lanes=32)
+    return a, {"target": "sm_80", "loop_bytes_ratio": round(moved / (tiles * (ranks + 1) * 16 * 32), 3)}
+
+
+def test_a_call_to_code_that_does_not_return_is_a_branch(monkeypatch):
+    """ptxas ends sm_80 loops with a predicated CALL.REL.NOINC to the code after the loop, which
+    never returns: a conditional branch (taken: its target; not taken: the next instruction), so
+    the whole tile loop is reached and the loop over ranks sits inside it. A CALL to a subroutine
+    returns, a BRA.DIV's fallback is not taken. The former reading (every CALL returns) took the
+    loop over ranks for the tile loop; the bytes its loads and stores move per tile against what
+    the launch must move (`model_misreads`) say so."""
+    aot = _aot_module()
+    succ = aot._sass_successors(_SM80_REDUCE)
+    assert succ[4] == [5, 6] and succ[11] == [12, 13] and succ[9] == [10] and succ[7] == [8] and succ[15] == [10]
+    a, row = _reduce_row(aot, _SM80_REDUCE)
+    assert a["cfg"]["loops"] == [(1, list(range(1, 13))), (2, [2, 3, 4, 5])]
+    assert a["cfg"]["reached"] == list(range(14))  # neither the fallback nor the subroutine
+    assert aot.loop_nest(a, "reduce_tagged")["tile"] == 1 and aot.loop_nest(a, "reduce_tagged")["rank"] == 2
+    assert row["loop_bytes_ratio"] == 1.0 and aot.model_misreads(row) == []
+    slow = aot._slow_calls(_SM80_REDUCE, [(i, 1) for i in range(1, 13)])
+    assert slow == {"slow_calls_per_tile": 1, "slow_instr_per_tile": 2}  # the loop exits are no slow paths
+
+    monkeypatch.setattr(aot, "_sass_calls", _old_calls)
+    a, row = _reduce_row(aot, _SM80_REDUCE)
+    assert a["cfg"]["loops"] == [(2, [2, 3, 4, 5])] and aot.loop_nest(a, "reduce_tagged")["tile"] == 2
+    assert row["loop_bytes_ratio"] == round(1 / 3, 3)
+    assert "misread" in " ".join(aot.model_misreads(row))
+    assert aot.model_misreads({**row, "target": "gfx942"}) == []  # the bytes are NVIDIA's check
+
+
+#: A slotted compress as ptxas could lay it out for sm_80: each slot's tag (1..3), then the tile
+#: loop (4..15) whose first load is the slot lookup's, with an inner loop (5..9) left by a
+#: predicated CALL.REL.NOINC.
+_SM80_SLOTTED = [
+    (0x00, "MOV R0, RZ"),
+    (0x10, "LDG.E.64 R2, [R4.64]"),           # a slot's descriptor (the tag loop)
+    (0x20, "STG.E [R6.64], R3"),              # its tag
+    (0x30, "@P0 BRA 0x10"),
+    (0x40, "LDG.E.64 R8, [R4.64+0x50]"),      # tile loop header: the slot lookup
+    (0x50, "LDG.E.128 R12, [R10.64]"),        # an inner loop
+    (0x60, "FMUL R12, R12, R12"),
+    (0x70, "FMUL R13, R13, R13"),
+    (0x80, "@!P4 CALL.REL.NOINC 0xa0"),
+    (0x90, "BRA 0x50"),
+    (0xa0, "BSYNC B0"),
+    (0xb0, "F2FP.BF16.F32.PACK_AB R16, R12, R13"),
+    (0xc0, "F2FP.BF16.F32.PACK_AB R17, R12, R13"),
+    (0xd0, "STG.E.128 [R14.64], R16"),
+    (0xe0, "@P1 CALL.REL.NOINC 0x100"),
+    (0xf0, "BRA 0x40"),
+    (0x100, "EXIT"),
+]
+
+
+def test_the_tile_loop_holds_the_slot_lookup(monkeypatch):
+    """In a slotted kernel the tile loop the model counts holds the descriptor loads of the
+    per-tile slot lookup (`desc_in_tile_loop`); read with every CALL returning, the tile loop's
+    end is unreachable, the inner loop is taken for it and the check fails."""
+    aot = _aot_module()
+
+    def check():
+        a = {"instrs": _SM80_SLOTTED, "cfg": aot._cfg_loops(_SM80_SLOTTED, aot._sass_successors(_SM80_SLOTTED)),
+             "desc_loads": {"all": [1, 4], "tile": [4]}}
+        return aot.loop_nest(a, "compress_slots")["tile"], aot.desc_in_tile_loop(a, "compress_slots")
+
+    assert check() == (4, True)
+    assert aot.model_misreads({"target": "sm_80", "desc_in_tile_loop": True}) == []
+    monkeypatch.setattr(aot, "_sass_calls", _old_calls)
+    assert check() == (5, False)
+    assert "descriptor" in " ".join(aot.model_misreads({"target": "sm_80", "desc_in_tile_loop": False}))
+
+
+def test_the_launches_are_those_the_library_makes_for_the_call(monkeypatch):
+    """The model counts the launches the library's own `Call` and plan make for a call
+    (`check_launches`): a 16 MiB all_gather runs 2 pipeline slices, its depth taken from its
+    largest tensor (the output). Taken from the input shard, as the model did, it was 1 slice."""
+    import torch
+
+    from taco_triton.collectives import _call, _plan
+    from taco_triton.config import CompressionConfig
+
+    aot = _aot_module()
+    gpu = aot.TARGETS["sm_90"]
+    hv = aot.HotVariant("all_gather", 8, 16, False, CompressionConfig())
+    launches = aot.hot_launches(hv, gpu)
+    assert [(x["slice"], x["kernel"]) for x in launches] == [
+        (0, "compress_slots"), (0, "decompress_slots"), (1, "compress_slots"), (1, "decompress_slots")]
+    assert aot.check_launches(hv, launches) == []
+    for c in ("all_reduce", "reduce_scatter"):
+        other = aot.HotVariant(c, 4, 16, True, CompressionConfig())
+        assert aot.check_launches(other, aot.hot_launches(other, gpu)) == []
+
+    def input_depth_plan(hv, device=torch.device("meta")):  # the former model: depth from the input
+        call, shape, tensors = aot.library_call(hv, device)
+        src, dst, _ = shape.flats(tensors)
+        call.depth = _call.depth(src.numel() * src.element_size(), "auto")
+        chunks, m = shape.chunks(src, dst, call.p)
+        return _plan.Plan(call, shape, chunks, device, m), src, dst
+
+    monkeypatch.setattr(aot, "hot_plan", input_depth_plan)
+    problems = aot.check_launches(hv, aot.hot_launches(hv, gpu))
+    assert len(problems) == 1 and "2 slices" in problems[0], problems
+    assert "launches" in " ".join(aot.model_misreads({"target": "sm_90", "launch_check": problems[0]}))
+
+
 def _aot_module():
     """bench/aot.py imported here for its pure functions. Importing it drops TRITON_INTERPRET (the
     tool compiles), which this process still needs: it is put back."""
