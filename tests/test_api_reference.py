@@ -47,6 +47,7 @@ PUBLIC_MODULES = [
     "taco_triton.integrations.sites",
     "taco_triton.calibrate",
     "taco_triton.estimate",
+    "taco_triton.plan",
     "taco_triton.bounds",
     "autotune.runtime",
     "autotune.space",
