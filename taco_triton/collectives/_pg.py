@@ -38,8 +38,10 @@ class WireCall:
     """The operation on the wire ("all_to_all", "all_gather", "send", ...)."""
     buffer_bytes: int
     """Bytes of the buffer handed to the process group."""
-    wire_bytes: float
-    """Bytes this rank sends in it (the standard ring cost, `taco_triton.estimate.ring_bytes`)."""
+    wire_bytes: int
+    """Bytes this rank sends in it (the standard ring cost, `taco_triton.estimate.ring_bytes`), in
+    whole bytes: where the ring's share 2(P-1)/P or (P-1)/P of a buffer is fractional (P does
+    not divide it), the nearest whole byte; a real ring's ranks send whole chunks averaging it."""
     compressed: bool
     """Whether the buffer holds compressed bytes."""
     collective: str = ""
@@ -47,6 +49,7 @@ class WireCall:
 
     def __post_init__(self):
         self.collective = self.collective or self.kind
+        self.wire_bytes = round(self.wire_bytes)
 
 
 @dataclass(eq=False)  # compared by identity: leaving one must never remove an equal (e.g. empty) other
@@ -58,17 +61,18 @@ class WireStats:
     counts bus bytes): ring all_reduce 2(P-1)/P of the buffer, reduce_scatter and all_to_all
     (P-1)/P of the input buffer, all_gather (P-1) times the shard. `by_collective()` sums them
     per collective the user called (`all_reduce`, ...); `by_kind()` per operation on the wire
-    (a compressed all_reduce is an `all_to_all` and an `all_gather`).
+    (a compressed all_reduce is an `all_to_all` and an `all_gather`). Every count is in whole
+    bytes (`WireCall.wire_bytes`).
 
         >>> with WireStats() as ws:
         ...     pass
         >>> ws.wire_bytes
-        0.0
+        0
     """
 
     calls: list = field(default_factory=list)
     """The `WireCall` of every call recorded, in order."""
-    fingerprint_bytes: float = 0.0
+    fingerprint_bytes: int = 0
     """Bytes this rank sent in the per-call fingerprint exchanges that check the ranks agree
     (counted in `wire_bytes`, kept out of `calls`: they are not the collective's payload)."""
 
@@ -82,14 +86,14 @@ class WireStats:
         _stats.stack.remove(self)
 
     @property
-    def wire_bytes(self) -> float:
+    def wire_bytes(self) -> int:
         """Bytes this rank sent in every recorded call, fingerprints included."""
-        return float(sum(c.wire_bytes for c in self.calls)) + self.fingerprint_bytes
+        return sum(c.wire_bytes for c in self.calls) + self.fingerprint_bytes
 
     def _summed(self, key) -> dict:
         out: dict = {}
         for c in self.calls:
-            out[key(c)] = out.get(key(c), 0.0) + c.wire_bytes
+            out[key(c)] = out.get(key(c), 0) + c.wire_bytes
         if self.fingerprint_bytes:
             out["fingerprint"] = self.fingerprint_bytes
         return out
@@ -98,7 +102,7 @@ class WireStats:
         """Wire bytes per collective the user called.
 
         Returns:
-            {collective ("all_reduce", "send", ...): bytes}, plus "fingerprint" for the
+            {collective ("all_reduce", "send", ...): bytes (int)}, plus "fingerprint" for the
             agreement checks.
         """
         return self._summed(lambda c: c.collective)
@@ -107,7 +111,7 @@ class WireStats:
         """Wire bytes per operation handed to the process group.
 
         Returns:
-            {kind ("all_to_all", ...): bytes}, plus "fingerprint" for the agreement checks.
+            {kind ("all_to_all", ...): bytes (int)}, plus "fingerprint" for the agreement checks.
         """
         return self._summed(lambda c: c.kind)
 
@@ -214,7 +218,7 @@ def all_to_all(out, inp, out_splits, in_splits, group, async_op):
     if getattr(_stats, "stack", None):
         rank = dist.get_rank(group)
         sent = sum(s for j, s in enumerate(in_splits) if j != rank)  # what leaves this rank
-        _record("all_to_all", _nbytes(inp), float(sent), True)
+        _record("all_to_all", _nbytes(inp), sent, True)
     guard_exit(inp)
     return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
 
