@@ -61,7 +61,11 @@ class Call:
 
     def __init__(self, kind, tensors, group, config, op, min_bytes, pipeline, check, backend):
         """tensors[0] is the one written (all_reduce's tensor, the others' output)."""
-        self.kind, self.group, self.op = kind, group, op
+        # the group that carries the bytes (a compressing group's inner): calls issue, agree and order
+        # on it, and it keys their state; a default group re-created after destroy_process_group is a
+        # new object, whose agreements and plans (which hold P and the rank) start afresh
+        self.kind, self.op = kind, op
+        self.group = self.pg = _pg.carrier(group)
         config = default_config() if config is None else config
         if not isinstance(config, CompressionConfig):
             raise TypeError(f"config must be a CompressionConfig or None, got {type(config).__name__}")
@@ -88,15 +92,12 @@ class Call:
         self.compress = (min_bytes is not None and config.enabled and dtype in INPUT_DTYPES and nbytes >= min_bytes)
         self.config = config if self.compress else None
         self.depth = n_slices if self.compress else None
-        self.p = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
+        self.p = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
         self.signature = (kind, tuple(t.numel() for t in tensors), str(dtype), op, self.compress, self.config,
                           self.depth, self.backend if self.compress else None)
         self.fp = fingerprint(self.signature)
         self.seq = next(STATE.calls)
-        # the group object itself: a default group re-created after destroy_process_group is a new
-        # one, whose agreements and plans (which hold P and the rank) start afresh
-        self.pg = _pg.group_object(group)
         self.device = message.device
         mode = check_mode(check)
         self.mode = mode if self.p > 1 else "never"
@@ -145,10 +146,18 @@ def collective(shape, tensors: tuple, group, config, op: str, async_op: bool, mi
         return _native(shape, call, tensors, op, async_op)
     src, dst, copy_back = shape.flats(tensors)
     plan = _plan.plan_for(call, shape, src, dst)
-    work = _driver.issue(plan, src, dst, call.seq, group, call.pg, async_op,
-                         None if call.mode == "never" else call.agree, copy_back)
-    _steady.remember(key, call, plan, tensors, config)
-    return work
+
+    def keep():  # only once the ranks agreed on the call: a repeat skips the agreement
+        _steady.remember(key, call, plan, tensors, config)
+
+    before = None
+    if call.mode == "never":
+        keep()
+    else:
+        def before():  # in the group's order, on CPU possibly on its worker
+            call.agree()
+            keep()
+    return _driver.issue(plan, src, dst, call.seq, call.group, call.pg, async_op, before, copy_back)
 
 
 def _native(shape, call: Call, tensors: tuple, op: str, async_op: bool):

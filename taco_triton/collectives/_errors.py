@@ -14,15 +14,22 @@ it; an error read stays with its call's entry (`Watched`) until it is raised:
 - a call captured in a CUDA graph: by `check_errors`, for the replays run since.
 
 The entries live in `STATE.unchecked` (not read yet, in issue order) and `STATE.unreported`
-(read, not raised yet). CUDA is asked through `_streams` only; no kernel is imported here.
+(read, not raised yet). An entry is claimed from them under one lock (`_claim`), so two readers
+(a `wait()` and `check_errors`, a new call's issue and an old handle's `wait()`, two threads) take
+each record once; waiting for a call's work happens outside it. CUDA is asked through `_streams`
+only; no kernel is imported here.
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 
 from . import _streams
 from ._state import STATE
 from .work import Pending
+
+_claim = threading.Lock()
 
 
 class Watched:
@@ -46,9 +53,10 @@ class Watched:
 
     def report(self):
         """Raise this call's error, which counts as reported from then on."""
-        if not self.reported:
-            self.reported = True
-            STATE.unreported.remove(self)
+        with _claim:
+            if not self.reported:
+                self.reported = True
+                STATE.unreported.remove(self)
         raise self.error
 
 
@@ -78,8 +86,11 @@ def read(entries, block: bool) -> None:
                 e.done.synchronize()
             elif not e.done.query():  # not done yet: read later
                 continue
-        STATE.unchecked.remove(e)
-        _take(e)
+        with _claim:
+            if e.read or e not in STATE.unchecked:  # another reader took it meanwhile
+                continue
+            STATE.unchecked.remove(e)
+            _take(e)
 
 
 def _take(e: Watched) -> None:
@@ -96,10 +107,11 @@ def watched(owner, record, done, handle: bool) -> Watched:
     """A call's error record watched from issue: read at once when its work is complete (CPU:
     the interpreter ran it already), else kept in `STATE.unchecked` until it is."""
     entry = Watched(owner, record, done, handle)
-    if done is None:
-        _take(entry)
-    else:
-        STATE.unchecked.append(entry)
+    with _claim:
+        if done is None:
+            _take(entry)
+        else:
+            STATE.unchecked.append(entry)
     return entry
 
 

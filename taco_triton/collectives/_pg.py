@@ -234,6 +234,20 @@ def group_object(group):
     return group if group is not None else dist.distributed_c10d._get_default_group()
 
 
+CARRIER = "taco_carrier"
+"""The attribute of a process group that only wraps another (the compressing process group): the
+group that carries its bytes."""
+
+
+def carrier(group):
+    """The process group that carries the bytes of a call on `group` (None: the default group): a
+    compressing process group's inner group, else the group itself. The collectives issue on it and
+    order by it, so a call through a compressing group and one on its inner group share one order
+    and are counted once."""
+    pg = group_object(group)
+    return getattr(pg, CARRIER, pg)
+
+
 def fingerprint(signature: tuple) -> int:
     """A 32-bit digest of a call's signature (what every rank must agree on)."""
     return zlib.crc32(repr(signature).encode())

@@ -13,7 +13,8 @@ Caches (each a `Cache`): what a call decided that later calls reuse.
 The rule, the same for each: a cache holds at most `Cache.BOUND` entries per process group (an
 entry of no group, such as a fingerprint, counts in one share of its own), and adding to a full
 share forgets that share's oldest entry; the share of a group torch.distributed no longer knows
-(destroyed) is dropped when a new share is made. Forgetting costs a rebuild, never a result,
+(destroyed) is dropped when a new share is made, and a compressing process group's share (with its
+inner group's, when it made it) when torch.distributed destroys it (`State.forget`). Forgetting costs a rebuild, never a result,
 with one care: whether a call runs the rank-agreement exchange depends on `agreements`, so every
 rank must forget the same agreement at the same call. The ranks of a group make the same calls
 on it in the same order whatever else each of them does, so counting per group makes each rank
@@ -30,6 +31,7 @@ same rule in a `Cache` of the plan (`Plan.buffers`).
 from __future__ import annotations
 
 import itertools
+import threading
 
 import torch.distributed as dist
 
@@ -47,11 +49,23 @@ class Cache:
         self._map: dict = {}
         self._shares: dict = {}  # share -> {key: None}, oldest first
         self._registered: set = set()  # shares whose group torch.distributed knew when they were made
+        self._mu = threading.Lock()  # puts come from callers and from groups' worker threads
         self.get = self._map.get
         self.has = self._map.__contains__
 
     def put(self, key, value, share=None) -> None:
         """Keep `value` under `key`, counted in `share` (the key's process group, or None)."""
+        with self._mu:
+            self._put(key, value, share)
+
+    def forget(self, share) -> None:
+        """Drop `share`'s entries (its group is being destroyed)."""
+        with self._mu:
+            self._registered.discard(share)
+            for key in self._shares.pop(share, {}):
+                del self._map[key]
+
+    def _put(self, key, value, share) -> None:
         if key in self._map:
             self._map[key] = value
             return
@@ -106,6 +120,11 @@ class State:
         self.messages = Cache()
         self.unchecked: list = []   # `_errors.Watched` of calls whose error records are not read yet
         self.unreported: list = []  # those whose record held an error not raised yet
+
+    def forget(self, group) -> None:
+        """Drop every cache's entries of `group` (torch.distributed is destroying it)."""
+        for cache in (self.fingerprints, self.agreements, self.plans, self.steady, self.messages):
+            cache.forget(group)
 
 
 STATE = State()

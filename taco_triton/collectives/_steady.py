@@ -19,17 +19,20 @@ class Steady:
     """A call's decisions on the Triton path, kept for calls with the same arguments and tensor
     metadata (see the module docstring)."""
 
-    __slots__ = ("agreement", "config", "group", "pg", "plan")
+    __slots__ = ("agreement", "config", "default", "group", "pg", "plan")
 
-    def __init__(self, call, plan, config):
+    def __init__(self, call, plan, config, on_default: bool):
+        # group and pg: the group that carries the bytes; default: the default group of a call that
+        # passed None, when it was kept
         self.plan, self.group, self.pg, self.config = plan, call.group, call.pg, config  # config: keeps its id
+        self.default = _pg.default_group() if on_default else None
         self.agreement = (call.pg, call.signature)
 
     def ready(self, check) -> bool:
         """False when this call must take the full path: the default group was re-created, or
         the check mode (None: the environment's, read per call) wants an exchange (the agreement
         is looked up on every call: a forgotten one is forgotten on every rank alike)."""
-        if self.group is None and _pg.default_group() is not self.pg:
+        if self.default is not None and _pg.default_group() is not self.default:
             return False
         if check is None:
             mode = check_mode(None)
@@ -56,8 +59,11 @@ def lookup(kind: str, group, config, op, min_bytes, pipeline, backend, check, te
 
 
 def remember(key, call, plan, tensors: tuple, config) -> None:
-    """Keep what this call decided for its repeats (see `Steady`)."""
+    """Keep what this call decided for its repeats (see `Steady`), once the ranks agreed on it. The
+    entry counts in the share of the group the call named (a compressing group's own, so that it
+    goes with that group), or of the group that carries the bytes for the default group."""
     if (key is None or plan.backend != "triton" or call.p < 2 or check_mode(key[7]) == "always"
             or not all(t.is_contiguous() for t in tensors)):
         return
-    STATE.steady.put(key, Steady(call, plan, config), call.pg)
+    named = key[1]
+    STATE.steady.put(key, Steady(call, plan, config, named is None), call.pg if named is None else named)

@@ -1,5 +1,16 @@
 """CPU (gloo) async calls: one worker thread per process group runs them first-in, first-out.
 
+The group is the one that carries the bytes (`_pg.carrier`: a compressing process group's inner
+group), whichever path a call takes: `taco.*` on either group, the compressing group's compressed
+and forwarded collectives, native fallbacks, agreements. So one queue orders every collective that
+reaches that group through taco_triton, on every rank.
+
+Point-to-point messages are not queued: they are issued on the calling thread at once, in the
+caller's order (compressed and forwarded alike). gloo (and NCCL) match a message by its peer and
+tag in the order each side posts it, never against collectives, so their own order is the only one
+to keep; queueing a send behind a compressed collective would make it wait for that collective to
+complete, which plain gloo does not (a peer that receives before it joins the collective would hang).
+
 gloo runs a collective on the host, so an async compressed call that ran its pipeline on the
 calling thread (compress, all_to_all, wait, reduce, all_gather, wait, decompress) would return
 only once every rank had joined. Instead an async call on CPU tensors is one job of its group's
@@ -27,8 +38,11 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
+
+import torch
 
 from . import _pg
 from .work import PendingWork
@@ -42,11 +56,14 @@ class Job:
     the result or error of `fn`. It quacks like a CUDA event, so an error record watched until
     `query()` is True is read only once the job's kernels are done (`_errors`)."""
 
-    __slots__ = ("_done", "_finished", "_fn", "_stats", "_then", "error", "result")
+    __slots__ = ("_done", "_finished", "_fn", "_grad", "_inference", "_stats", "_then", "error", "result")
 
     def __init__(self, fn: Callable[[], object]):
         self._fn = fn
         self._stats = _pg.stats_context()
+        # the caller's thread-local autograd modes: a job writes the caller's tensors (an output made
+        # under inference mode may only be written under it)
+        self._grad, self._inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         self._done = threading.Event()
         self.result = None
         self.error: BaseException | None = None
@@ -55,7 +72,8 @@ class Job:
 
     def run(self) -> None:
         try:
-            with _pg.stats_restored(self._stats):
+            with _pg.stats_restored(self._stats), torch.inference_mode(self._inference), \
+                    torch.set_grad_enabled(self._grad):
                 self.result = self._fn()
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits
             self.error = e
@@ -89,9 +107,12 @@ class Job:
         return self.result
 
 
+_CLOSE = object()  # the job that ends a worker's thread
+
+
 class Worker:
     """The FIFO of one process group (see the module docstring); its thread starts with the first
-    job and stays (a daemon)."""
+    job and stays (a daemon) until the group is destroyed or collected (`close`)."""
 
     def __init__(self, name: str):
         self._name = name
@@ -140,12 +161,22 @@ class Worker:
         """Whether jobs are queued or running."""
         return self._pending > 0
 
+    def close(self) -> None:
+        """End the thread once the jobs queued before this call have run (no new job may follow)."""
+        with self._mu:
+            if self._thread is not None:
+                self._queue.append(_CLOSE)
+                self._mu.notify()
+
     def _loop(self) -> None:
         while True:
             with self._mu:
                 while not self._queue:
                     self._mu.wait()
                 job = self._queue.popleft()
+                if job is _CLOSE:
+                    self._thread = None
+                    return
             with self._exec:
                 job.run()
             with self._mu:
@@ -171,7 +202,9 @@ def _serial_interpreter() -> None:
     grid.__call__ = serial
 
 
-_workers: dict = {}  # process group object -> its Worker
+# process group object -> its Worker, held weakly: a worker holds no reference to its group (a job
+# drops its call once run), so a destroyed group is collected and its worker's thread ends
+_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -184,7 +217,15 @@ def of(pg) -> Worker:
             if w is None:
                 _serial_interpreter()
                 w = _workers[pg] = Worker(f"group {id(pg):#x}")
+                weakref.finalize(pg, w.close)
     return w
+
+
+def forget(pg) -> None:
+    """`pg` is being destroyed: its worker's thread ends after the jobs queued so far."""
+    w = _workers.pop(pg, None)
+    if w is not None:
+        w.close()
 
 
 def running(pg) -> Worker | None:
@@ -196,10 +237,63 @@ def running(pg) -> Worker | None:
     return w if w is not None and w._pending else None
 
 
+class Issued:
+    """What completes with a call a job issues: the job, then the Work it issued (quacks like a CUDA
+    event for `Pending`: `query`, `synchronize`, and the job's `error`)."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: Job):
+        self.job = job
+
+    @property
+    def error(self):
+        return self.job.error
+
+    def query(self) -> bool:
+        job = self.job
+        if not job.query():
+            return False
+        return job.error is not None or job.result is None or job.result.is_completed()
+
+    def synchronize(self) -> None:
+        self.job.synchronize()
+
+
+def _future_of(job: Job) -> torch.futures.Future:
+    """A future completed as torch's would be by the Work the job issues: with its value (the
+    output tensors), or the job's error."""
+    fut = torch.futures.Future()
+
+    def settle(inner):
+        try:
+            fut.set_result(inner.value())
+        except Exception as e:  # noqa: BLE001 - the issued Work's failure is this future's
+            fut.set_exception(e)
+
+    def issued(j: Job):
+        if j.error is not None:
+            fut.set_exception(j.error)
+        elif j.result is None:
+            fut.set_result(None)
+        else:
+            try:
+                inner = j.result.get_future()
+            except RuntimeError:  # a Work without a future: done once waited for
+                j.result.wait()
+                fut.set_result(None)
+            else:
+                inner.add_done_callback(settle)
+
+    job.then(issued)
+    return fut
+
+
 def in_order(pg, issue: Callable[[], object], async_op: bool):
     """Issue a call whose own Work (or None) `issue` returns, in `pg`'s order: at once when its
-    worker is idle; else as a job, waited for (`async_op` False) or behind a Work that waits for
-    the job, then for the Work it issued."""
+    worker is idle; else as a job, waited for (`async_op` False) or behind a Work that is complete
+    once the job ran and the Work it issued is, whose future holds that Work's outputs and whose
+    `wait()` raises what either raised."""
     w = running(pg)
     if w is None:
         return issue()
@@ -215,4 +309,11 @@ def in_order(pg, issue: Callable[[], object], async_op: bool):
         if work is not None:
             work.wait()
 
-    return PendingWork(finish, done=job)
+    future: list = []
+
+    def get_future():  # one future, made on first use
+        if not future:
+            future.append(_future_of(job))
+        return future[0]
+
+    return PendingWork(finish, done=Issued(job), future=get_future)

@@ -41,8 +41,9 @@ class Pending:
 
     Errors belong to their call: `wait()` raises this call's tag mismatch (see
     `taco_triton.check_errors`), never another call's, and no other call raises this one's. A
-    handle that failed stays failed: every later `wait()` raises the same error and
-    `is_completed()` stays False.
+    handle that failed stays failed: every later `wait()` raises the same error. As torch's Works:
+    `is_completed()` is True once the work is done, successfully or not (its error known);
+    `is_success()` only when it is done and did not fail.
 
     Args:
         finish: what `wait()` runs, once; it may return the call's error record (`_errors.Watched`)
@@ -97,23 +98,29 @@ class Pending:
         """Whether the work is done, asked without waiting.
 
         Returns:
-            True once the call's work is complete (its end event on CUDA, its job on CPU) or
-            `wait()` has returned successfully; False for a handle that failed.
+            True once the call's work is complete (its end event on CUDA; on CPU its job, and the
+            Work that job issued) or `wait()` has returned or raised: its outputs are in place, or
+            its error is known.
         """
-        if self._error is not None:
-            return False
+        if self._error is not None or self._done:
+            return True
         done = self._completion
-        if self._done or done is None or isinstance(done, str):  # str: captured in a graph
-            return self._done
+        if done is None or isinstance(done, str):  # str: captured in a graph, complete at wait()
+            return False
         return done.query()
 
     def is_success(self) -> bool:
-        """As `is_completed` (torch's older Work API).
+        """Whether the work is done and did not fail, asked without waiting (torch's older Work API).
 
         Returns:
-            What `is_completed()` returns.
+            True once `is_completed()` is and neither the work (a worker job's error, the call's
+            tag mismatch) nor `wait()` failed.
         """
-        return self.is_completed()
+        if self._error is not None or not self.is_completed():
+            return False
+        if getattr(self._completion, "error", None) is not None:  # a CPU job that raised
+            return False
+        return self._entry is None or self._entry.own_error() is None
 
     def get_future(self) -> torch.futures.Future:
         """A future of the operation, as torch's Work gives.

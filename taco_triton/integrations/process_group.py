@@ -57,6 +57,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import _pg, _streams, _worker, p2p
+from ..collectives._state import STATE
 from ..collectives import compressed as coll
 from ..collectives.work import PendingWork, all_of, as_work
 from ..estimate import ring_bytes
@@ -72,6 +73,9 @@ BACKEND = "taco"
 P2P_SITE = "p2p"
 """The site of point-to-point messages (the same at both ends; ``exempt=["p2p"]`` forwards them)."""
 _COMPRESSIBLE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
+# torch.distributed does not re-export this one (2.13); the others are dist.*Options
+_AllgatherOptions = torch._C._distributed_c10d.AllgatherOptions
+_P2P_METHODS = frozenset({"send", "recv", "recv_anysource"})
 
 
 @dataclass
@@ -145,6 +149,24 @@ def _op_of(opts):
     return None
 
 
+def _first_tensor(args):
+    """The first tensor in a call's arguments (lists of tensors, and lists of them, included)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)):
+            t = _first_tensor(a)
+            if t is not None:
+                return t
+    return None
+
+
+def _on_cuda(args) -> bool:
+    """Whether a forwarded call moves CUDA tensors (its first tensor's device)."""
+    t = _first_tensor(args)
+    return t is not None and t.device.type == "cuda"
+
+
 def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> PendingWork:
     """A compressed receive's Work: `wait()` waits for the wire buffer, then decompresses it into
     the caller's tensor (once); a failed receive keeps raising its error. It has no future
@@ -203,6 +225,11 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return self._inner
 
     @property
+    def taco_carrier(self):
+        """The group that carries this group's bytes (`inner`): the collectives issue and order on it."""
+        return self._inner
+
+    @property
     def group_name(self) -> str:
         # kept here: destroy_process_group reads it after dropping the group from torch's tables
         return self._group_name or dist.distributed_c10d._world.pg_names[self]
@@ -213,10 +240,15 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return self.group_name
 
     def shutdown(self) -> None:
-        """Called by ``dist.destroy_process_group``: also destroys the inner group this group made."""
+        """Called by ``dist.destroy_process_group``: forgets what the collectives kept for this group
+        (and for the inner group it made, which it destroys too: its worker thread ends)."""
         c10d = dist.distributed_c10d
-        if self.inner_backend is not None and c10d._world.pg_map.get(self._inner) is not None:
-            dist.destroy_process_group(self._inner)
+        STATE.forget(self)
+        if self.inner_backend is not None:
+            STATE.forget(self._inner)
+            _worker.forget(self._inner)
+            if c10d._world.pg_map.get(self._inner) is not None:
+                dist.destroy_process_group(self._inner)
 
     def getBackendName(self) -> str:
         """The backend name, `BACKEND`.
@@ -273,11 +305,16 @@ class CompressingProcessGroup(dist.ProcessGroup):
                 f"its dtype; got {big_name} {tuple(big.shape)} {big.dtype}, {small_name} {tuple(small.shape)} {small.dtype}")
 
     def _forward(self, kind: str, nbytes: float, wire: float, method: str, *args):
-        """Hand a call to `inner`'s method of the same name, unchanged, counting its bytes."""
+        """Hand a call to `inner`'s method of the same name, unchanged, counting its bytes. A
+        collective on CPU tensors goes behind the compressed calls still queued on inner (in the same
+        order on every rank, `_worker`); point-to-point messages and CUDA calls are issued at once,
+        on the caller's thread and stream, as the compressed ones are."""
         _pg._record(kind, int(nbytes), float(wire), False)
         inner = self.inner
         fn = getattr(inner, method)
-        try:  # behind the compressed calls still queued on inner (CPU), in the same order on every rank
+        try:
+            if method in _P2P_METHODS or _on_cuda(args):
+                return self._track(fn(*args))
             return self._track(_worker.in_order(inner, lambda: fn(*args), True))
         except RuntimeError as e:
             if type(e) is not RuntimeError:  # keep torch's own error types (DistBackendError, ...)
@@ -357,7 +394,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ all_gather
     def all_gather_single(self, output, input, opts=None):
-        opts = dist.AllgatherOptions() if opts is None else opts
+        opts = _AllgatherOptions() if opts is None else opts
         inner = self._inner_for(input)
         self._check_pair("all_gather", "output", output, "input", input)
         cfg = self._decide("all_gather", input, _nbytes(output), "sum")
@@ -371,7 +408,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single  # the name torch < 2.13 calls
 
     def allgather(self, output_lists, inputs, opts=None):
-        opts = dist.AllgatherOptions() if opts is None else opts
+        opts = _AllgatherOptions() if opts is None else opts
         if len(inputs) == 1 and len(output_lists) == 1 and len(output_lists[0]) == self.size() and all(
                 t.shape == inputs[0].shape and t.dtype == inputs[0].dtype for t in output_lists[0]) and \
                 self._decide_peek(inputs[0], _nbytes(inputs[0]) * self.size(), "sum"):
@@ -398,14 +435,14 @@ class CompressingProcessGroup(dist.ProcessGroup):
         return eligible(self.policy, tensor, nbytes, self.size(), op is not None)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        opts = dist.AllgatherOptions() if opts is None else opts
+        opts = _AllgatherOptions() if opts is None else opts
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return all_of(works, list(outputs), outputs[0].device)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch < 2.13
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        opts = dist.AllgatherOptions() if opts is None else opts
+        opts = _AllgatherOptions() if opts is None else opts
         n = sum(_nbytes(t) for t in inputs)
         return self._forward("all_gather", n, ring_bytes("all_gather", n, self.size()), "allgather_coalesced",
                              output_lists, inputs, opts)
