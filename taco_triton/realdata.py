@@ -105,9 +105,18 @@ def _load_model():
     path = _require_model()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces with local_files_only
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model = AutoModel.from_pretrained(str(path), local_files_only=True).float().eval()
+    # transformers draws a "Loading weights" bar on stderr, in the middle of the demo's tables;
+    # switched off for this load only, the caller's own setting restored after it.
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModel.from_pretrained(str(path), local_files_only=True).float().eval()
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     return model, tokenizer
 
 

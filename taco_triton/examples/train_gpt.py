@@ -175,17 +175,35 @@ def run(mode: str, args) -> list[dict]:
         raise RuntimeError(f"mode {mode!r}: {exc}") from None
 
 
+SUMMARY_LEGEND = """\
+   final_val_loss: validation loss at the last step, communicating as the mode does; final_val_loss_native:
+   the same trained weights evaluated with every collective uncompressed (what the mode did to training,
+   without its compression of the evaluation's forward pass); val_loss_vs_none_%: final_val_loss against
+   the uncompressed run's; wire_vs_none: bytes each rank handed to the process group per step, against bf16."""
+"""What the columns of `summarize`'s table mean (printed under it)."""
+
+
 def summarize(rows: list[dict]):
+    """Per mode: final validation losses, wire bytes and step time (`SUMMARY_LEGEND`).
+
+    Args:
+        rows: the logged rows of every mode (`run`), in the order the modes ran.
+
+    Returns:
+        (every row as a DataFrame, the summary indexed by mode: "none" first, then the modes in
+        the order they ran).
+    """
     import pandas as pd
 
     df = pd.DataFrame(rows)
+    order = sorted(dict.fromkeys(df["mode"]), key=lambda m: m != "none")  # stable: the rest as given
     last = df.sort_values("step").groupby("mode").tail(1).set_index("mode")
     out = pd.DataFrame({
         "final_val_loss": last.val_loss,
         "final_val_loss_native": last.get("val_loss_native", float("nan")),  # --megatron logs none
         "wire_MiB_per_step": df.groupby("mode").wire_bytes.median() / 2**20,
         "step_ms_median": df.groupby("mode").step_ms.median(),
-    })
+    }).reindex(order)
     axes = [c[len("wire_"):] for c in df.columns if c.startswith("wire_") and c != "wire_bytes"]  # --megatron
     for a in axes:
         out[f"{a}_MiB_per_step"] = df.groupby("mode")[f"wire_{a}"].median() / 2**20
@@ -295,6 +313,7 @@ def main(argv=None, cli: argparse.ArgumentParser | None = None):
             rows += run(m, args)
     df, summary = summarize(rows)
     print(summary.round(4).to_string())
+    print(SUMMARY_LEGEND)
     if args.csv:
         import platform
         import subprocess
