@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from .stepmodel.compose import break_even_bytes, build_stages, compose
 from .stepmodel.hardware import FABRICS, GPUS, Cluster
 from .stepmodel.spec import Layout, ModelSpec
+from .stepmodel.trace import site_pattern
 
 __all__ = ["FABRICS", "GPUS", "TABLE_COLUMNS", "Cluster", "Layout", "ModelSpec", "StepModel", "axis_policies",
            "break_even_bytes", "main", "step"]
@@ -165,7 +166,7 @@ def step(model: ModelSpec, layout: Layout, cluster: Cluster, policy=None, *, tp=
             for t, n in group:
                 c = t.comm
                 phase = "optimizer" if c.axis == "dp" and c.collective == "all_gather" else c.direction
-                rows.append(dict(stage=st.index, axis=c.axis, phase=phase, collective=c.collective, site=_site(c.site),
+                rows.append(dict(stage=st.index, axis=c.axis, phase=phase, collective=c.collective, site=site_pattern(c.site),
                                  direction=c.direction, ranks=c.ranks, count=n * per,
                                  message_bytes=c.numel * c.dtype.itemsize, wire_bytes=t.compressed_bytes,
                                  native_bytes=t.native_bytes, codec=_codec(c.config),
@@ -174,12 +175,6 @@ def step(model: ModelSpec, layout: Layout, cluster: Cluster, policy=None, *, tp=
                                  total_compressed_ms=t.compressed_s * 1e3 * n * per,
                                  overlap=_overlap(c.axis, c.collective, layout)))
     return StepModel(pd.DataFrame(rows, columns=TABLE_COLUMNS), summary, cluster, model, layout)
-
-
-def _site(site: str) -> str:
-    from .stepmodel.trace import site_pattern
-
-    return site_pattern(site)
 
 
 def _parser() -> argparse.ArgumentParser:
