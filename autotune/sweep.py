@@ -18,6 +18,12 @@ interpreter timings, meaningless for a GPU, and the interpreter runs every confi
 space is just the heuristic unless --full-space. Such entries are keyed device=cpu-interpreter
 and are never looked up by a GPU launch.
 
+Before timing, the sweep says how many configs it will time; under the interpreter also about
+how long, from one call of each kernel on one tile (the interpreter's time grows with the
+elements: a GPU-sized shape takes hours there, and the sweep then names a small shape that
+exercises the same machinery in seconds). After every config one line on stderr gives the
+configs done out of the total, the time spent and the time left.
+
 Exit status: 0; 1 when nothing was timed or looked up, or every config of a problem failed
 (the CSV and the cache keep what succeeded); 2 for bad arguments (one line on stderr), an
 unusable --device, --cache or --csv (checked before any timing), or a registered kernel
@@ -27,6 +33,7 @@ Importing this module makes no CUDA call.
 from __future__ import annotations
 
 import argparse
+import collections
 import math
 import os
 import sys
@@ -193,6 +200,96 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
+SMOKE_SHAPE = (4, 4096)
+"""What the sweep suggests under the interpreter when the shapes asked for take long: four
+tiles, enough for every kernel to loop, timed in seconds."""
+LONG_S = 600.0
+"""An interpreter sweep estimated longer than this (seconds) is told about SMOKE_SHAPE."""
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _candidates(args, kernel: str, base: CompressionConfig, dtype, interp: bool) -> list[dict]:
+    if args.config_list is not None:
+        cands = args.config_list
+    else:
+        cands = space.candidates(kernel, base, dtype, interpreter=interp and not args.full_space,
+                                 prune=not args.no_prune)
+    return cands[: args.max_configs] if args.max_configs is not None else cands
+
+
+def _calibrate(first: dict, base: CompressionConfig, device: torch.device) -> dict:
+    """Seconds per element of each kernel under the interpreter: (building a problem, one call).
+
+    Args:
+        first: kernel -> (dtype, params) of its first problem to time.
+
+    Returns:
+        kernel -> (build s/element, call s/element), from one tile (after one untimed call); a
+        kernel whose tile fails is left out.
+    """
+    rates = {}
+    for kernel, (dtype, params) in first.items():
+        ks = registry.spec(kernel)
+        try:
+            t0 = time.perf_counter()
+            fn, _ = ks.build(ks.tile_elems, dtype, base, device, params)
+            t1 = time.perf_counter()
+            fn()
+            t2 = time.perf_counter()
+            fn()
+            rates[kernel] = ((t1 - t0) / ks.tile_elems, (time.perf_counter() - t2) / ks.tile_elems)
+        except Exception:  # the sweep itself reports the failure, config by config
+            pass
+        finally:
+            registry.release()
+    return rates
+
+
+def _problem_s(rate: tuple[float, float], numel: int, configs: int, repeats: int) -> list[float]:
+    """Predicted seconds of each config of one problem under the interpreter: every config makes
+    1 + `repeats` calls (time_host), the first also builds the problem's inputs."""
+    build, call = rate
+    per = (1 + repeats) * call * numel
+    return [per + (build * numel if i == 0 else 0.0) for i in range(configs)]
+
+
+class _Progress:
+    """After each config, one line on stderr: configs done of the total, time spent, time left.
+
+    Each config has a weight (its predicted seconds under the interpreter, 1 elsewhere); time
+    left is the time spent per unit of weight done times the weight left, so the prediction's
+    scale error cancels once the first config is done.
+    """
+
+    def __init__(self, weights: list[float], predicted: bool):
+        self.left, self.done_w, self.n, self.total = sum(weights), 0.0, 0, len(weights)
+        self.predicted = predicted
+        self.t0 = time.perf_counter()
+
+    def add(self, weights: list[float]) -> None:
+        """Configs found to need timing after the plan (a problem planned as a cache hit of an
+        earlier one that failed)."""
+        self.left += sum(weights)
+        self.total += len(weights)
+
+    def step(self, weight: float) -> None:
+        self.n += 1
+        self.done_w += weight
+        self.left = max(self.left - weight, 0.0)
+        spent = time.perf_counter() - self.t0
+        sys.stdout.flush()  # the config's own line first, where both streams go to one file
+        left = spent / self.done_w * self.left if self.done_w > 0 else (self.left if self.predicted else 0.0)
+        print(f"autotune.sweep: {self.n}/{self.total} configs, {_duration(spent)} spent, "
+              f"about {_duration(left)} left", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     """Run the sweep: `python -m autotune.sweep --help` lists the options.
 
@@ -238,6 +335,39 @@ def main(argv=None) -> int:
         write_csv(out, [])  # a header now: an unwritable --csv fails before the timing, not after
     except OSError as exc:
         return _fail(f"cannot write --csv {out}: {type(exc).__name__}: {exc.strerror or exc}")
+    # The plan: the problems that will be timed (the others are cache hits), with their configs.
+    plan, planned, first_params = [], collections.Counter(), {}
+    for kernel in args.kernels:
+        ks = registry.spec(kernel)
+        dnames = [cache.dtype_name(ks.launch_dtype)] if ks.launch_dtype is not None else args.dtypes
+        for dname in dnames:
+            dtype = cache.DTYPES[dname]
+            for shape in args.shape_list:
+                name = str(cache.Key.of(kernel, dev_name, cc, triton_v, dtype, base, math.prod(shape)))
+                if (name in stored or planned[name]) and not args.force:
+                    continue
+                planned[name] += 1
+                cands = _candidates(args, kernel, base, dtype, interp)
+                plan.append((kernel, dtype, math.prod(shape), len(cands)))
+                first_params.setdefault(kernel, (dtype, cands[0]))
+    rates = _calibrate(first_params, base, device) if interp and plan else {}
+    estimated = bool(plan) and interp and all(k in rates for k in first_params)
+
+    def weights(kernel: str, numel: int, configs: int) -> list[float]:
+        return _problem_s(rates[kernel], numel, configs, args.repeats) if estimated else [1.0] * configs
+
+    progress = _Progress([w for k, _, numel, n in plan for w in weights(k, numel, n)], predicted=estimated)
+    if plan:
+        line = f"to time: {progress.total} config(s) of {len(plan)} problem(s)"
+        if estimated:
+            line += f", about {_duration(progress.left)} here under the interpreter"
+        print(line + "; progress on stderr")
+        if estimated and progress.left > LONG_S:
+            per_kind = {(k, d): n for k, d, _, n in plan}  # the smoke run: one problem per kernel and dtype
+            smoke = sum(sum(weights(k, math.prod(SMOKE_SHAPE), n)) for (k, _), n in per_kind.items())
+            print(f"   the interpreter runs each GPU program in Python, and its timings say nothing about a GPU: "
+                  f"--shapes {'x'.join(map(str, SMOKE_SHAPE))} exercises the same machinery in about "
+                  f"{_duration(smoke)}; --time-budget stops starting new problems")
     t_start = time.perf_counter()
     common = dict(dtype=None, codec=base.codec, group_size=base.group_size, hadamard=base.hadamard,
                   scales=base.scales, rounding=base.rounding, device=dev_name, cc=cc, torch_version=torch_v,
@@ -271,17 +401,16 @@ def main(argv=None) -> int:
                                      p80_ms=e.get("p80_ms"), best=True, source="cache", timer="",
                                      logical_bytes=None, logical_gbps=None, n_samples=None, error=""))
                     continue
-                if args.config_list is not None:
-                    cands = args.config_list
-                else:
-                    cands = space.candidates(kernel, base, dtype, interpreter=interp and not args.full_space,
-                                             prune=not args.no_prune)
-                if args.max_configs is not None:
-                    cands = cands[: max(args.max_configs, 1)]
+                cands = _candidates(args, kernel, base, dtype, interp)
                 print(f"{kernel} {shape_s} {dname}: timing {len(cands)} config(s) for {name}")
+                config_s = weights(kernel, numel, len(cands))
+                if planned[name]:
+                    planned[name] -= 1
+                else:  # planned as a cache hit of an earlier problem, which failed
+                    progress.add(config_s)
                 timed = []
                 try:
-                    for params in cands:
+                    for params, weight in zip(cands, config_s):
                         row = dict(head, **params, source="timed", best=False, error="")
                         try:
                             fn, nbytes = ks.build(numel, dtype, base, device, params)
@@ -297,6 +426,7 @@ def main(argv=None) -> int:
                             first = row["error"].splitlines()[0] if row["error"] else ""
                             print(f"    warps={params['num_warps']:<2} stages={params['num_stages']}  FAILED {first}")
                         rows.append(row)
+                        progress.step(weight)
                 finally:
                     registry.release()
                 if not timed:

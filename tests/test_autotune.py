@@ -369,6 +369,63 @@ def test_sweep_end_to_end_then_a_cache_hit(tmp_path, monkeypatch, capsys):
     assert "compress" in out and "cpu-interpreter" in out and "4^6 [4,096, 16,384)" in out
 
 
+def _documented_sweep(marker: str) -> list[str]:
+    """The arguments of the `python -m autotune.sweep` command in docs/autotuning.md whose line
+    holds `marker` (its continuation lines joined)."""
+    import re
+    import shlex
+
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "docs" / "autotuning.md").read_text(), re.S).group(1)
+    commands = re.sub(r"\\\n\s*", " ", block).splitlines()
+    (line,) = [c for c in commands if "autotune.sweep" in c and marker in c]
+    words = shlex.split(line.split("#")[0])
+    assert words[:3] == ["python", "-m", "autotune.sweep"], words
+    return words[3:]
+
+
+def test_the_documented_cpu_sweep_says_how_long_shows_progress_and_finishes(tmp_path):
+    """Before: the documented sweep ran on CPU for hours with nothing but the CSV header written.
+    The CPU command of docs/autotuning.md, as a user runs it (no TRITON_INTERPRET set): before
+    timing it says how many configs and about how long, then one progress line per config on
+    stderr, and it finishes."""
+    import pandas as pd
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    run = subprocess.run([sys.executable, "-m", "autotune.sweep", *_documented_sweep("--device cpu")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "to time: 3 config(s) of 3 problem(s), about " in run.stdout and "under the interpreter" in run.stdout
+    progress = [ln for ln in run.stderr.splitlines() if ln.startswith("autotune.sweep: ")]
+    assert [ln.split(",")[0] for ln in progress] == [f"autotune.sweep: {i}/3 configs" for i in (1, 2, 3)], run.stderr
+    assert progress[-1].endswith("about 0 s left")
+    assert "timed 3 config(s), cached 3 new key(s)" in run.stdout
+    assert len(pd.read_csv(tmp_path / "sweep_cpu.csv")) == 3 and (tmp_path / "cpu_autotune.json").exists()
+
+
+def test_a_long_interpreter_sweep_says_so_before_timing(tmp_path, monkeypatch, capsys):
+    """The documented GPU command run on CPU: the estimate (from each kernel's seconds per element
+    on one tile, here given) is every config's 1 + repeats calls plus each problem's build, and
+    past LONG_S the sweep names SMOKE_SHAPE. The kernels are replaced by no-ops: nothing waits."""
+    import math
+
+    per_element = {"compress": (0.0, 40e-6), "decompress": (40e-6, 3e-6), "reduce": (40e-6, 35e-6)}
+    monkeypatch.setattr(sweep, "_calibrate", lambda first, base, device: per_element)
+    noop = registry.KernelSpec(build=lambda numel, dtype, config, device, params: ((lambda: None), 1))
+    monkeypatch.setattr(registry, "spec", lambda kernel, need_builder=True: noop)
+    args = [a for a in _documented_sweep("8192x4096") if not a.startswith("~")]
+    args = [*args[: args.index("--csv")], "--device", "cpu", "--cache", str(tmp_path / "c.json")]
+    assert sweep.main(args) == 0
+    out = capsys.readouterr()
+    numels = [8192 * 4096, 16384 * 8192]
+    expected = sum(n * (build + 4 * call) for build, call in per_element.values() for n in numels)  # repeats 3
+    assert f"to time: 6 config(s) of 6 problem(s), about {sweep._duration(expected)} here" in out.out
+    smoke = sum(math.prod(sweep.SMOKE_SHAPE) * (build + 4 * call) for build, call in per_element.values())
+    assert f"--shapes 4x4096 exercises the same machinery in about {sweep._duration(smoke)}" in out.out
+    assert expected > sweep.LONG_S > smoke
+    assert out.err.count("configs, ") == 6 and "6/6 configs" in out.err
+
+
 def test_show_reports_ignored_and_missing_files(tmp_path, capsys):
     stale = tmp_path / "stale.json"
     _write(stale, {_key(): (8, 1)}, triton="0.0.1")
