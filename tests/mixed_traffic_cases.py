@@ -77,13 +77,14 @@ def taco_default_mixed(rank: int, world: int) -> dict:
         taco.all_reduce(xs[rank].clone(), group=inner, min_bytes=0)
     out["wire_default"], out["wire_inner"] = on_default.wire_bytes, on_inner.wire_bytes
 
-    # 2: int64 metadata, then a bf16 activation, to one peer with one tag, an async all_reduce in flight
+    # 2: int64 metadata, then a bf16 activation, to one peer with one tag, rank 0's async all_reduce in
+    # flight; rank 1 receives before it joins the all_reduce (plain gloo completes this program)
     act = rank_input(7, (N,), torch.bfloat16, 2)
     meta = torch.tensor([N, 3, 5], dtype=torch.int64)
     x = xs[rank].clone()
     _late(rank)
-    w = taco.all_reduce(x, async_op=True, min_bytes=0)
     if rank == 0:
+        w = taco.all_reduce(x, async_op=True, min_bytes=0)
         sends = [dist.isend(meta, 1, tag=3), dist.isend(act, 1, tag=3)]
         out["p2p_raised"] = [_raises(s.wait) for s in sends]
     else:
@@ -94,12 +95,17 @@ def taco_default_mixed(rank: int, world: int) -> dict:
         p2p.decode_into(p2p.encode(act, CFG), want, CFG)  # the sender's bytes, decoded here
         out["p2p_meta_ok"] = torch.equal(got_meta, meta)
         out["p2p_act_ok"] = torch.equal(got_act.view(torch.int16), want.view(torch.int16))
+        w = taco.all_reduce(x, async_op=True, min_bytes=0)
     w.wait()
 
-    # 3: a forwarded async call queued behind a compressed one is not complete before its data is
+    # 3: a forwarded async call queued behind a compressed one is not complete before its data is:
+    # both ranks make the compressed call at once, rank 1 the forwarded one late
     y = torch.ones(4, dtype=torch.int64)
-    _late(rank)
-    w1 = taco.all_reduce(xs[rank].clone(), async_op=True, min_bytes=0)
+    big = rank_input(rank, (8 * N,), torch.bfloat16, 3)
+    dist.barrier()
+    w1 = taco.all_reduce(big, async_op=True, min_bytes=0)
+    if rank == 1:
+        time.sleep(DELAY)
     w2 = dist.all_reduce(y, async_op=True)
     if rank == 0:
         time.sleep(DELAY / 3)
@@ -110,15 +116,18 @@ def taco_default_mixed(rank: int, world: int) -> dict:
     value = w2.get_future().wait()  # torch's Work: its future holds the outputs
     out["queued_future"] = [t.tolist() for t in value] if isinstance(value, list) else repr(value)
 
-    # 5: a forwarded send while a compressed all_reduce is in flight (plain gloo completes this)
+    # 5: a forwarded send while a compressed all_reduce is in flight, the receiver joining the
+    # all_reduce after it received (plain gloo completes this)
     t = torch.arange(6, dtype=torch.int64) + 100 * rank
+    x = xs[rank].clone()
     _late(rank)
-    w = taco.all_reduce(xs[rank].clone(), async_op=True, min_bytes=0)
     if rank == 0:
+        w = dist.all_reduce(x, async_op=True)
         dist.send(t, 1)
     else:
         dist.recv(t, 0)
         out["send_ok"] = torch.equal(t, torch.arange(6, dtype=torch.int64))
+        w = dist.all_reduce(x, async_op=True)
     w.wait()
 
     # 7: a failed async call: not successful before wait(), its own error at wait()
