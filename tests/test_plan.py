@@ -244,6 +244,34 @@ def test_tp_bytes_match_what_wirestats_counts_in_a_real_step():
         assert got[0] == got[1] == pytest.approx(r.summary[key], rel=1e-12), mode
 
 
+def test_the_cpu_validation_table_holds_the_models_predictions_for_its_measured_parameters():
+    """bench/plan_validation.py's table (the model, fed with the measured compute, codec rate
+    and throttled link, next to the measured step medians): at least 3 link rates, the bf16
+    baseline and a compressed mode, and every prediction is what the model gives for the row's
+    recorded parameters. (Whether they fall within 15% of the measurements depends on the
+    machine's load while it ran: see docs/guides/step-time.md.)"""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import plan_validation as pv
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    df = pd.read_csv(ROOT / "bench" / "results" / "plan_validation_cpu.csv", dtype={"link": str})
+    assert {"link", "mode", "measured_step_ms", "predicted_step_ms"} <= set(df.columns)
+    assert df.link.nunique() >= 3 and {"none"} < set(df["mode"])
+    for row in df.itertuples():
+        args = type("A", (), {k: getattr(row, k) for k in pv.DEFAULTS})
+        codec = row.codec_gbytes_s if row.mode != "none" else 1.0
+        again = pv.predict(float(row.link), row.mode, row.measured_compute_ms, codec, args)
+        assert again["predicted_step_ms"] == pytest.approx(row.predicted_step_ms, rel=1e-9)
+        # compute as measured, plus 8 all-reduces of b s h bf16 at rate / 2 per rank (and the codec)
+        assert again["model_compute_ms"] == pytest.approx(row.measured_compute_ms, rel=1e-9)
+        link_ms = 8 * row.batch * row.seq * row.hidden * 2 / (float(row.link) / 8 / 2 * 1e9) * 1e3
+        if row.mode == "none":
+            assert row.predicted_step_ms == pytest.approx(row.measured_compute_ms + link_ms, rel=1e-9)
+        else:
+            assert row.predicted_step_ms > row.measured_compute_ms + link_ms / 2
+
+
 def test_the_step_time_page_shows_what_its_blocks_print():
     """Every table row the guide's blocks print is on the page as printed (the first block is the
     quick example: it prints the table of one step, not a page table)."""
