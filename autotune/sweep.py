@@ -310,11 +310,10 @@ def main(argv=None) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         return _fail(f"--device {args.device} but this torch sees no CUDA device (torch {torch.__version__})")
-    interp = env.use_interpreter_on_cpu(device.type)  # CPU: the interpreter, unless Triton came first
-    if device.type != "cuda" and not interp:
-        print(f"autotune.sweep: no compiled Triton kernels on device {device}: run on a GPU, or set "
-              "TRITON_INTERPRET=1 before Triton is imported for a (CPU, interpreter) smoke run", file=sys.stderr)
-        return 2
+    try:
+        interp = env.use_interpreter_on_cpu(device.type)  # CPU: Triton's interpreter (a smoke run, not GPU timings)
+    except RuntimeError as exc:  # taco_triton's kernels already built for a GPU in this process
+        return _fail(str(exc))
     dev_name, cc = meta.device_identity(device)
     triton_v, torch_v, commit, date = meta.triton_version(), meta.torch_version(), meta.git_commit(), meta.utc_now()
     cache_path = args.cache or env.autotune_cache_path()
