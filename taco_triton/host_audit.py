@@ -20,7 +20,8 @@ overhead, as a GPU user's host sees it.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
+import weakref
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -130,6 +131,22 @@ class FakeStream:
         return f"FakeStream({self.name})"
 
 
+class TensorSeen:
+    """What the log keeps of a tensor a launch or `record_stream` used: its address and size, not
+    the tensor (a reference would keep its memory alive and hide an early free)."""
+
+    __slots__ = ("_ptr", "_numel", "shape", "dtype")
+
+    def __init__(self, t: torch.Tensor):
+        self._ptr, self._numel, self.shape, self.dtype = t.data_ptr(), t.numel(), tuple(t.shape), t.dtype
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def numel(self) -> int:
+        return self._numel
+
+
 class FakeEvent:
     """A recording stand-in for a CUDA event: the stream it was recorded on and when (`at`, an
     index into `StreamLog.log`). Complete at once (the work it stands for ran on the host)."""
@@ -149,25 +166,81 @@ class FakeEvent:
 class StreamLog:
     """What ran under `fake_streams`: `caller` and `comm` streams, and `log`, in order, of
     ("record", stream, event), ("wait", stream, event), ("launch", stream, kernel name, tensors),
-    ("record_stream", stream, tensor) and ("use", stream) entries."""
+    ("record_stream", stream, tensor) and ("use", stream) entries (tensors as `TensorSeen`: address and
+    size).
+
+    It also models the CUDA caching allocator's rule for memory used on another stream: a block
+    is allocated on the stream current then; freed, it is reusable by that stream at once, unless
+    another stream's use of it was recorded (`record_stream`) or the allocating stream has waited
+    for an event recorded on the using stream after the use. A block freed otherwise while
+    another stream used it is a reuse conflict (`conflicts`: (kernel, using stream, allocating
+    stream)): on a GPU the allocating stream's next allocation could take memory that work still
+    queued on the other stream reads or writes. Uses are the fused kernels' launches; tensors made
+    before the block count as the caller stream's."""
 
     caller: FakeStream = field(default_factory=lambda: FakeStream("caller"))
     comm: FakeStream = field(default_factory=lambda: FakeStream("comm"))
     log: list = field(default_factory=list)
     stack: list = field(default_factory=list)
+    conflicts: list = field(default_factory=list)
+    _allocated: dict = field(default_factory=dict)   # storage id -> the stream it was allocated on
+    _uses: dict = field(default_factory=lambda: defaultdict(list))  # storage id -> [(stream, log index, kernel)]
+    _recorded: dict = field(default_factory=lambda: defaultdict(set))  # storage id -> streams recorded
 
     @property
     def current(self) -> FakeStream:
         return self.stack[-1] if self.stack else self.caller
 
+    def _block(self, t: torch.Tensor, stream=None):
+        """The key of `t`'s memory; first seen: allocated on `stream` (default: the current one)."""
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key not in self._allocated:
+            self._allocated[key] = self.current if stream is None else stream
+            weakref.finalize(storage, self._freed, key)
+        return key
+
+    def _used(self, t: torch.Tensor, stream, kernel: str) -> None:
+        key = self._block(t, self.caller)
+        if stream is not self._allocated[key]:
+            self._uses[key].append((stream, len(self.log), kernel))
+
+    def _freed(self, key) -> None:
+        home = self._allocated.pop(key, None)
+        recorded = self._recorded.pop(key, set())
+        for stream, at, kernel in self._uses.pop(key, []):
+            if stream in recorded:
+                continue
+            joined = any(e[0] == "wait" and e[1] is home and e[2].stream is stream and e[2].at >= at
+                         for e in self.log[at:])
+            if not joined:
+                self.conflicts.append((kernel, stream.name, getattr(home, "name", home)))
+
+
+class _Allocations(TorchDispatchMode):
+    """Every tensor an op makes under `fake_streams`: allocated on the stream current then."""
+
+    def __init__(self, log: StreamLog):
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (list, tuple)) else (out,):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self.log._block(t)
+        return out
+
 
 @contextlib.contextmanager
-def fake_streams():
+def fake_streams(capturing: bool = False):
     """Drive the collectives' CUDA stream schedule on CPU tensors: inside the block the one module
     through which the collectives touch streams and events (`taco_triton.collectives._streams`)
-    answers with recording fakes (`StreamLog`), and every Triton launch (interpreter) is logged
-    with the stream current when it was made. For tests of the schedule and for timing its host
-    bookkeeping (a real event record or stream wait costs a few microseconds more each)."""
+    answers with recording fakes (`StreamLog`, which also checks the allocator's rule for memory
+    used on another stream), and every Triton launch (interpreter) is logged with the stream
+    current when it was made. `capturing`: as inside a CUDA graph capture. For tests of the
+    schedule and for timing its host bookkeeping (a real event record or stream wait costs a few
+    microseconds more each)."""
     from .collectives import _streams
 
     log = StreamLog()
@@ -180,6 +253,10 @@ def fake_streams():
     def wait_event(stream, ev):
         stream.waited.append(ev)
         log.log.append(("wait", stream, ev))
+
+    def record_stream(tensor, stream):
+        log._recorded[log._block(tensor, log.caller)].add(stream)
+        log.log.append(("record_stream", stream, TensorSeen(tensor)))
 
     @contextlib.contextmanager
     def use(stream):
@@ -198,8 +275,8 @@ def fake_streams():
         "record": record,
         "wait_event": wait_event,
         "use": use,
-        "record_stream": lambda tensor, stream: log.log.append(("record_stream", stream, tensor)),
-        "capturing": lambda: False,
+        "record_stream": record_stream,
+        "capturing": lambda: capturing,
         "synchronize": lambda: None,
     }
     saved = {name: getattr(_streams, name) for name in fakes}
@@ -208,14 +285,18 @@ def fake_streams():
     if interp is not None:
         def logged(self, *args, **kwargs):
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-            log.log.append(("launch", log.current, getattr(self.fn, "__name__", "kernel"), tensors))
+            name = getattr(self.fn, "__name__", "kernel")
+            for t in tensors:
+                log._used(t, log.current, name)
+            log.log.append(("launch", log.current, name, [TensorSeen(t) for t in tensors]))
             return interp_run(self, *args, **kwargs)
         interp_run = run
         interp.run = logged
     for name, fake in fakes.items():
         setattr(_streams, name, fake)
     try:
-        yield log
+        with _Allocations(log):
+            yield log
     finally:
         for name, orig in saved.items():
             setattr(_streams, name, orig)

@@ -211,7 +211,7 @@ def _check_schedule(log, entries, after_issue, after_wait) -> dict:
                 read_early.append((e[2], c[2]))
     end = [e for e in entries if e[0] == "record" and e[1] is log.comm]
     last_work = max(i for i, e in enumerate(entries) if e[0] in ("launch", "comm", "waited"))
-    recorded_on = {id(e[2]) for e in entries if e[0] == "record_stream" and e[1] is log.comm}
+    recorded_on = {e[2].data_ptr() for e in entries if e[0] == "record_stream" and e[1] is log.comm}
     return {"after_issue": after_issue, "after_wait": after_wait, "forked_first": forked_first,
             "streams": {k: sorted(v) for k, v in streams.items()}, "read_early": read_early,
             "end_after_work": bool(end) and entries.index(end[-1]) > last_work,

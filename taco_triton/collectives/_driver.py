@@ -20,10 +20,15 @@ Where they run (`issue`), one schedule per path:
   stream current (the kernels, and the process-group calls, so NCCL orders itself after it and
   the steps' `wait()` make that stream, not the host, wait); one end event is recorded on it.
   The caller's stream has waited on nothing when the call returns; the Work's `wait()` makes the
-  waiting stream wait for the end event (one wait). The caller's tensors are `record_stream`ed on
-  the communication stream, so the allocator keeps their memory until it is done with them. Under
-  CUDA graph capture the same fork and join are captured (the Work's `wait()` inside the capture
-  joins the communication stream back).
+  waiting stream wait for the end event (one wait; every later `wait()` again, from whatever
+  stream is current then, as torch's does). The call's tensors (the caller's, and the contiguous
+  copies the call made of them) are `record_stream`ed on the communication stream, so the
+  allocator keeps their memory until it is done with them, and the Work holds them until its
+  `wait()`. Under CUDA graph capture the same fork and join are captured (the Work's `wait()`
+  inside the capture joins the communication stream back); no stream use is recorded there (the
+  allocator defers reuse in a capture only for blocks with recorded uses, and a recorded use
+  would outlive the capture), so holding them until the join is what keeps the capturing
+  stream's next allocations off them.
 - CPU (gloo): an async call is one job of its group's worker thread (`_worker`), which runs the
   group's calls first-in, first-out, and returns at once; a synchronous call runs inline when the
   worker is idle, else as a job waited for, so every rank issues the group's collectives in the
@@ -170,9 +175,10 @@ def _cuda_async(plan, src, dst, seq, group, after, copy_back):
     _streams.record(fork, caller)
     _streams.wait_event(comm, fork)
     capturing = _streams.capturing()
+    held = [t for t in {id(t): t for t in (src, dst, copy_back) if t is not None}.values()]
     with _streams.use(comm):
         if not capturing:  # a captured graph's memory stays with the graph for its replays
-            for t in {id(t): t for t in (src, dst, copy_back) if t is not None}.values():
+            for t in held:
                 _streams.record_stream(t, comm)
         record = run(plan, src, dst, seq, group)
         after()
@@ -180,8 +186,12 @@ def _cuda_async(plan, src, dst, seq, group, after, copy_back):
         _streams.record(join, comm)
     result = _outputs(dst, copy_back)
 
-    def finish():  # the waiting stream joins the end event: one wait, no host sync
+    def again():  # the waiting stream joins the end event: one wait, no host sync
         _streams.wait_for(join, device)
+
+    def finish():  # the call's tensors are free to go once the waiting stream has joined
+        again()
+        held.clear()
 
     def future():  # completed with the communication stream current: it carries the end of the call
         if device.type != "cuda":  # the schedule driven on CPU tensors (tests)
@@ -194,4 +204,4 @@ def _cuda_async(plan, src, dst, seq, group, after, copy_back):
         return fut
 
     return _errors.finish_call(plan, device, True, record, done=_streams.IN_GRAPH if capturing else join,
-                               finish=finish, future=future)
+                               finish=finish, future=future, again=again)

@@ -173,11 +173,13 @@ def check_errors() -> None:
 CURRENT = "the caller's current stream"
 
 
-def finish_call(owner, device: torch.device, async_op: bool, record=None, done=CURRENT, finish=None, future=None):
+def finish_call(owner, device: torch.device, async_op: bool, record=None, done=CURRENT, finish=None, future=None,
+                again=None):
     """What follows the issue of a compressed call: its error record watched (`record`: the one
     its kernels write, None on the reference path) until `done` (what completes with the call's
     work: a `_streams.completion`, a CUDA event, a `_worker.Job`), then the handle (async: its
-    `wait()` runs `finish`, its `get_future()` is `future()`) or the error check (sync: None)."""
+    `wait()` runs `finish`, every later one `again`, its `get_future()` is `future()`) or the error
+    check (sync: None)."""
     if done is CURRENT:
         done = _streams.completion(device)
     entry = None if record is None else watched(owner, record, done, async_op)
@@ -191,5 +193,6 @@ def finish_call(owner, device: torch.device, async_op: bool, record=None, done=C
         def finish():
             if done is not None:  # CPU: nothing to wait for
                 _streams.wait_for(done, device)
+        again = finish if again is None else again
 
-    return Pending(finish, entry, done=done, future=future)
+    return Pending(finish, entry, done=done, future=future, again=again)

@@ -35,8 +35,8 @@ import torch.distributed as dist
 
 from ..config import SUPERBLOCK_ELEMS
 from ..kernels import slots
-from . import _pg
-from .work import Pending
+from . import _pg, _streams
+from .work import Pending, on_every_wait
 
 COMPRESS, REDUCE, DECOMPRESS = "compress", "reduce", "decompress"
 ALL_TO_ALL, ALL_GATHER = "all_to_all", "all_gather"
@@ -96,18 +96,21 @@ def _native(issue: Callable[[torch.Tensor, bool], object], out: torch.Tensor, di
     """Run a native collective into `out` (through a contiguous copy: gloo misreads views), then
     divide for avg. The process group gets the work at call time; the rest runs at wait()."""
     flat, copy_back = flat_inplace(out)
+    allocated_on = _streams.allocation_stream(flat.device) if copy_back is not None else None
     work = issue(flat.view(out.shape), async_op)
 
     def finish():
         if async_op:
             work.wait()
+            _streams.used_here(flat, allocated_on)  # a copy of ours, read on the waiting stream
         if divide is not None:
             flat.div_(divide)
         if copy_back is not None:
             copy_back.copy_(flat.view(out.shape))
 
     if async_op:
-        return Pending(finish)
+        finish, again = on_every_wait(finish, out.device)
+        return Pending(finish, again=again)
     finish()
     return None
 

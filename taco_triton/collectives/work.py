@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from . import _streams
 from ._pg import WireStats
 
 _C10D = torch._C._distributed_c10d
@@ -52,15 +53,18 @@ class Pending:
         done: what completes with the work, asked without waiting (`query()`): a CUDA event or
             a worker's job; None: complete once `wait()` has returned.
         future: makes `get_future()`'s future; None: a future completed by `wait()`.
+        again: what every later `wait()` runs (CUDA: order the waiting stream after the work, as
+            torch's `wait()` does on every call; see `on_every_wait`); None: nothing.
     """
 
-    def __init__(self, finish: Callable[[], object], entry=None, done=None, future=None):
+    def __init__(self, finish: Callable[[], object], entry=None, done=None, future=None, again=None):
         self._finish = finish
         self._entry = entry
         self._done = False
         self._error: BaseException | None = None
         self._completion = done
         self._future = future
+        self._again = again
 
     def wait(self, timeout=None) -> bool:
         """Finish the operation; True once its result is in place.
@@ -89,6 +93,8 @@ class Pending:
             if entry is not None:
                 self._entry = entry
             self._done = True
+        elif self._again is not None:
+            self._again()
         if self._entry is not None and self._entry.own_error() is not None:
             self._error, self._done = self._entry.error, False
             self._entry.report()
@@ -150,9 +156,29 @@ class Pending:
 class PendingWork(Pending, dist.Work):
     """A `Pending` that is a ``torch.distributed.Work`` (what a process group's methods return)."""
 
-    def __init__(self, finish: Callable[[], object], entry=None, done=None, future=None):
+    def __init__(self, finish: Callable[[], object], entry=None, done=None, future=None, again=None):
         dist.Work.__init__(self)
-        Pending.__init__(self, finish, entry, done, future)
+        Pending.__init__(self, finish, entry, done, future, again)
+
+
+def on_every_wait(finish: Callable[[], object], device: torch.device):
+    """(finish, again) for a `Pending` whose `finish` works on the waiting stream (a decode, a copy
+    into the caller's tensor): on CUDA the end of that work is recorded, and every later `wait()`
+    orders its own current stream after it, as torch's `wait()` orders the current stream on every
+    call. CPU: `finish` as it is, nothing again."""
+    if not _streams.on_streams(device):
+        return finish, None
+    end: list = []
+
+    def first():
+        out = finish()
+        end.append(_streams.completion(device))
+        return out
+
+    def again():
+        _streams.wait_for(end[0], device)
+
+    return first, again
 
 
 def as_work(pending, result, device: torch.device, then: Callable[[], None] | None = None):
@@ -171,12 +197,18 @@ def as_work(pending, result, device: torch.device, then: Callable[[], None] | No
         if then is not None:
             then()
 
+    if then is None:  # a later wait() is the handle's own (it orders the waiting stream again)
+        again = None if pending is None else pending.wait
+    else:  # the copies ran on the first waiting stream: later ones wait for their end
+        finish, again = on_every_wait(finish, device)
+    # complete with the work, or (`then`: copies made at wait()) once wait() has run them
+    done = getattr(pending, "_completion", None) if then is None else None
     own = getattr(pending, "_future", None) if then is None else None
     if own is not None:  # the handle's future (its failure included), completed with `result`
-        work = PendingWork(finish, done=getattr(pending, "_completion", None),
-                           future=lambda: own().then(lambda fut: (fut.value(), result)[1]))
+        work = PendingWork(finish, done=done, future=lambda: own().then(lambda fut: (fut.value(), result)[1]),
+                           again=again)
     else:  # complete it at wait(), with the result (on CUDA: the waiting stream's events)
-        work = PendingWork(finish, done=getattr(pending, "_completion", None))
+        work = PendingWork(finish, done=done, again=again)
         work._future = lambda: (work.wait(), completed(result, device).get_future())[1]
     return work
 

@@ -59,7 +59,7 @@ import torch.distributed as dist
 from ..collectives import _pg, _streams, _worker, p2p
 from ..collectives._state import STATE
 from ..collectives import compressed as coll
-from ..collectives.work import PendingWork, all_of, as_work
+from ..collectives.work import PendingWork, all_of, as_work, on_every_wait
 from ..estimate import ring_bytes
 from ..policy import CompressionPolicy, decide, eligible
 from . import sites
@@ -173,9 +173,11 @@ def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> Pend
     (receives are waited on, as torch's gloo receives are)."""
 
     allocated_on = _streams.allocation_stream(wire.device)  # `wire` was allocated by the receive, just now
+    issued = _streams.completion(wire.device)  # the issuing stream's work so far (the caller's writes)
 
     def finish():
         work.wait()
+        _streams.wait_for(issued, wire.device)  # decoded after the issuing stream's earlier work
         _streams.used_here(wire, allocated_on)  # decoded on the waiting stream
         if tensor.is_contiguous():
             p2p.decode_into(wire, tensor, cfg)
@@ -184,7 +186,8 @@ def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> Pend
             p2p.decode_into(wire, dense, cfg)
             tensor.copy_(dense)
 
-    return PendingWork(finish)
+    finish, again = on_every_wait(finish, wire.device)
+    return PendingWork(finish, again=again)
 
 
 class CompressingProcessGroup(dist.ProcessGroup):
@@ -417,9 +420,11 @@ class CompressingProcessGroup(dist.ProcessGroup):
             cfg = self._decide("all_gather", inp, _nbytes(inp) * self.size(), "sum")
             if cfg is not None:  # compressed: the copies into the outputs run at wait(), after the gather
                 flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
+                allocated_on = _streams.allocation_stream(flat.device)
                 work = coll.all_gather(flat, inp.reshape(-1), inner, cfg, async_op=True, min_bytes=self.policy.min_bytes)
 
                 def copy_out():
+                    _streams.used_here(flat, allocated_on)  # read on the waiting stream
                     for o, part in zip(outs, flat.view(self.size(), -1)):
                         o.copy_(part.view(o.shape))
 

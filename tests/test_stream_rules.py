@@ -1,0 +1,111 @@
+"""The async CUDA schedule keeps ProcessGroupNCCL's rules, checked on CPU with the recording fake
+streams (`host_audit.fake_streams`, which model the caching allocator's reuse rule): memory used on
+the communication stream is held or recorded until the caller joins, in a graph capture too; every
+`wait()` orders its current stream; scratch read at `wait()` is recorded on the waiting stream and a
+receive's decode follows the issuing stream's work; error records are claimed once by concurrent
+readers; every process-group method takes its options omitted or given."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from taco_triton.collectives import _errors
+from taco_triton.collectives._state import STATE
+
+from . import stream_rules_cases as cases
+from .dist_utils import run_ranks
+
+
+@pytest.fixture(scope="module")
+def seen():
+    return run_ranks(cases.session, 2, timeout_s=300, pg_timeout_s=60)
+
+
+@pytest.mark.parametrize("capturing", [False, True], ids=["outside-capture", "in-graph-capture"])
+def test_memory_used_on_the_communication_stream_outlives_the_join(seen, capturing):
+    for r in seen:
+        assert r["capture"][capturing] == [], r["capture"]
+
+
+@pytest.mark.parametrize("api", ["taco", "process_group"])
+def test_every_wait_orders_the_current_stream_after_the_call(seen, api):
+    for r in seen:
+        assert r["waits"][api], r["waits"]
+
+
+def test_scratch_read_at_wait_is_recorded_on_the_waiting_stream(seen):
+    for r in seen:
+        s = r["scratch"]
+        assert s["list_all_gather"] and s["native_copy"] and s["native_value"], s
+    assert seen[1]["scratch"]["recv_ordered"], seen[1]["scratch"]
+
+
+def test_every_process_group_method_takes_its_options_omitted_or_given(seen):
+    for r in seen:
+        assert r["methods"]["failed"] == {}, r["methods"]
+
+
+class _SlowEvent:
+    """A completion that turns done after a while; waiting for it takes a while too."""
+
+    def __init__(self, at: float):
+        self.at = at
+
+    def query(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def synchronize(self) -> None:
+        time.sleep(max(0.0, self.at - time.monotonic()) + 0.005)
+
+
+class _Owner:
+    class errors:  # noqa: N801 - the pool's interface
+        @staticmethod
+        def release(record):
+            pass
+
+    @staticmethod
+    def error(record):
+        return ValueError("mismatch")
+
+
+class _Record:
+    def take(self):
+        return None
+
+
+def test_concurrent_readers_claim_each_error_record_once():
+    """check_errors() (waiting for each call) racing non-blocking reads (a wait(), a new call's
+    issue): each record is taken once, nobody raises (a list.remove of a taken entry raised
+    ValueError, the type of a tag mismatch)."""
+    start = time.monotonic()
+    entries = [_errors.watched(_Owner(), _Record(), _SlowEvent(start + 0.002 * i), True) for i in range(40)]
+    raised = []
+
+    def blocking():
+        try:
+            _errors.read(list(STATE.unchecked), block=True)
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            raised.append(e)
+
+    def polling():
+        try:
+            while any(not e.read for e in entries):
+                _errors.read(list(STATE.unchecked), block=False)
+        except Exception as e:  # noqa: BLE001
+            raised.append(e)
+
+    threads = [threading.Thread(target=blocking), threading.Thread(target=polling)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert raised == [] and all(e.read for e in entries)
+        assert not any(e in STATE.unchecked for e in entries)
+    finally:
+        for e in entries:
+            if e in STATE.unchecked:
+                STATE.unchecked.remove(e)
