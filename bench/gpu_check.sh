@@ -200,7 +200,10 @@ run_step "$GPU" pytest 170 30 pytest.log -- env TACO_TEST_DEVICE=cuda "$PY" -m p
 #     TACO_TRITON_COMPRESS_SINGLE_RANK=1 set by the tests; and two replays of a stochastic
 #     all_reduce and p2p message round differently (fresh seeds per replay: its own kernels
 #     to compile, hence 150 s); async collectives captured too (the communication stream forked
-#     and joined inside the capture). Appended to pytest.log.
+#     and joined inside the capture), two of them in flight into non-contiguous outputs while the
+#     capturing stream allocates (their contiguous copies held until the join); and a Work waited
+#     on a side stream, then on the current one, read there at once (every wait() orders its
+#     stream). Appended to pytest.log.
 run_step "$GPU" cuda_graphs 150 30 pytest.log -- env TACO_TEST_DEVICE=cuda "$PY" -m pytest tests/test_cuda_graphs.py \
   -q -x -rs -p no:cacheprovider
 # ---------------------------------------------------------------------------------------------

@@ -184,3 +184,53 @@ def test_replays_of_a_stochastic_p2p_message_round_with_fresh_seeds(one_rank_ncc
     for y in (first, second):
         assert float((y.float() - x.float()).norm()) <= bound
     taco.check_errors()
+
+
+def test_two_captured_async_calls_into_non_contiguous_outputs_replay_the_eager_bytes(one_rank_nccl):
+    """Each call works in a contiguous copy of its output; the Work holds it until the join, so
+    the capturing stream's allocations in between (no stream use is recorded in a capture) cannot
+    take it while the communication branch still writes it."""
+    n = 3 * 8192 + 5
+    g = torch.Generator(device="cuda").manual_seed(11)
+    shards = [torch.randn(n, device="cuda", generator=g).bfloat16() for _ in range(2)]
+    outs = [torch.zeros(n, 2, device="cuda", dtype=torch.bfloat16)[:, 0] for _ in range(2)]
+
+    def run():
+        works = [taco.all_gather(o, s, min_bytes=0, async_op=True) for o, s in zip(outs, shards)]
+        scratch = torch.ones(4 * n, device="cuda") * 3  # the capturing stream allocates meanwhile
+        del scratch
+        for w in works:
+            w.wait()
+
+    want = []
+    for o, s in zip(outs, shards):
+        taco.all_gather(o, s, min_bytes=0)
+        want.append(o.clone())
+    run()
+    graph = _captured(run)
+    for o in outs:
+        o.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for o, w in zip(outs, want):
+        assert torch.equal(o.view(torch.int16), w.view(torch.int16))
+    taco.check_errors()
+
+
+def test_every_wait_orders_its_own_stream(one_rank_nccl):
+    """wait() first on a side stream, then on the current one: the current stream reads the result
+    in place (torch's Work.wait() orders the current stream on every call)."""
+    n = 1 << 22
+    x = torch.randn(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(12)).bfloat16()
+    want = x.clone()
+    taco.all_reduce(want, min_bytes=0)
+    side = torch.cuda.Stream()
+    for _ in range(3):
+        y = x.clone()
+        w = taco.all_reduce(y, min_bytes=0, async_op=True)
+        with torch.cuda.stream(side):
+            w.wait()
+        w.wait()
+        got = y * 1  # read on the current stream, right after the second wait
+        torch.cuda.synchronize()
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
