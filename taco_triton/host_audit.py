@@ -277,7 +277,7 @@ def fake_streams(capturing: bool = False):
         "use": use,
         "record_stream": record_stream,
         "capturing": lambda: capturing,
-        "synchronize": lambda: None,
+        "synchronize": lambda device=None: None,
     }
     saved = {name: getattr(_streams, name) for name in fakes}
     interp = _interpreted_function()

@@ -5,12 +5,14 @@ and without options (module-level so spawned processes can import them)."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import torch
 import torch.distributed as dist
 
 import taco_triton as taco
 from taco_triton.collectives import _streams, p2p
+from taco_triton.collectives._state import STATE
 from taco_triton.host_audit import FakeStream, fake_streams
 from taco_triton.integrations.process_group import compressed_group
 
@@ -29,6 +31,7 @@ def capture_holds_temporaries(rank: int, world: int) -> dict:
     shard = rank_input(rank, (N,), torch.bfloat16, 1)
     taco.all_gather(torch.empty(world * N, 2, dtype=torch.bfloat16)[:, 0], shard, **KW)
     out = {}
+    before = len(STATE.unchecked), len(STATE.captured)
     for capturing in (False, True):
         with fake_streams(capturing=capturing) as log:
             works = [taco.all_gather(torch.empty(world * N, 2, dtype=torch.bfloat16)[:, 0], shard, async_op=True, **KW)
@@ -39,7 +42,23 @@ def capture_holds_temporaries(rank: int, world: int) -> dict:
             del works, w, scratch
             gc.collect()
         out[capturing] = log.conflicts
+    # the captured calls' error records: kept apart (no later call scans them), read by check_errors
+    out["unchecked_growth"] = len(STATE.unchecked) - before[0]
+    out["captured_growth"] = len(STATE.captured) - before[1]
+    with fake_streams():
+        taco.check_errors()
     return out
+
+
+def plans_keep_no_call_tensors(rank: int, world: int) -> dict:
+    """A plan's prepared launches keep no tensor of the calls that made them (finding 6): the
+    memory of a first call's input goes when the caller drops it."""
+    x = rank_input(rank, (world * N,), torch.bfloat16, 5)
+    taco.all_reduce(x, **KW)
+    storage = weakref.ref(x.untyped_storage())
+    del x
+    gc.collect()
+    return {"kept": storage() is not None}
 
 
 def every_wait_orders_its_stream(rank: int, world: int) -> dict:
@@ -146,4 +165,5 @@ def every_process_group_method(rank: int, world: int) -> dict:
 def session(rank: int, world: int) -> dict:
     """Every case above in one pair of processes (each spawn costs seconds)."""
     return {"capture": capture_holds_temporaries(rank, world), "waits": every_wait_orders_its_stream(rank, world),
-            "scratch": scratch_recorded_where_read(rank, world), "methods": every_process_group_method(rank, world)}
+            "scratch": scratch_recorded_where_read(rank, world), "methods": every_process_group_method(rank, world),
+            "plans": plans_keep_no_call_tensors(rank, world)}

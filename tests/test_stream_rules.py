@@ -29,6 +29,16 @@ def test_memory_used_on_the_communication_stream_outlives_the_join(seen, capturi
         assert r["capture"][capturing] == [], r["capture"]
 
 
+def test_captured_calls_error_records_are_kept_apart_and_read_by_check_errors(seen):
+    for r in seen:
+        assert r["capture"]["unchecked_growth"] == 0 and r["capture"]["captured_growth"] == 2, r["capture"]
+
+
+def test_a_plan_keeps_no_tensor_of_the_call_that_made_it(seen):
+    for r in seen:
+        assert not r["plans"]["kept"], r["plans"]
+
+
 @pytest.mark.parametrize("api", ["taco", "process_group"])
 def test_every_wait_orders_the_current_stream_after_the_call(seen, api):
     for r in seen:

@@ -67,20 +67,13 @@ def read(entries, block: bool) -> None:
     entry until it is raised (`Watched.report`)."""
     capturing = None  # asked once, only for entries with an event: CPU work has none
     for e in entries:
+        if e.done is _streams.IN_GRAPH:  # written by every replay: `read_captured`
+            continue
         if e.done is not None:
             if capturing is None:
                 capturing = _streams.capturing()
             if capturing:  # no event query or sync while a CUDA graph is captured
                 continue
-        if e.done is _streams.IN_GRAPH:  # written by every replay: read after a device sync, never given back
-            if block:
-                _streams.synchronize()
-                record = e.record.take()
-                if record is not None:
-                    replay = Watched(e.owner, None, None, False)
-                    replay.error, replay.read = e.owner.error(record), True
-                    STATE.unreported.append(replay)
-            continue
         if e.done is not None:
             if block:
                 e.done.synchronize()
@@ -91,6 +84,23 @@ def read(entries, block: bool) -> None:
                 continue
             STATE.unchecked.remove(e)
             _take(e)
+
+
+def read_captured() -> None:
+    """Read the records of calls captured in CUDA graphs (`STATE.captured`), written by every
+    replay: after a synchronization of each device they are on, never given back (the graph's
+    replays keep writing them). Each error found is one more to raise, of no handle."""
+    if not STATE.captured or _streams.capturing():
+        return
+    for device in {getattr(e.owner, "device", None) for e in STATE.captured}:
+        _streams.synchronize(device)
+    with _claim:
+        for e in STATE.captured:
+            record = e.record.take()
+            if record is not None:
+                replay = Watched(e.owner, None, None, False)
+                replay.error, replay.read = e.owner.error(record), True
+                STATE.unreported.append(replay)
 
 
 def _take(e: Watched) -> None:
@@ -110,6 +120,8 @@ def watched(owner, record, done, handle: bool) -> Watched:
     with _claim:
         if done is None:
             _take(entry)
+        elif done is _streams.IN_GRAPH:  # read by check_errors only, never by a call's own end
+            STATE.captured.append(entry)
         else:
             STATE.unchecked.append(entry)
     return entry
@@ -165,6 +177,7 @@ def check_errors() -> None:
         >>> taco.check_errors()  # nothing issued, nothing to report
     """
     read(list(STATE.unchecked), block=True)
+    read_captured()
     if STATE.unreported:
         STATE.unreported[0].report()
 

@@ -23,7 +23,8 @@ each rank's traffic on its other groups).
 
 Not caches, so never forgotten: the call numbers (`calls`: they name a call in its errors and salt
 its stochastic seeds; `messages_sent`: the same for p2p), the error entries of calls whose records
-are not read yet (`unchecked`, in issue order; bounded by the calls in flight) and the errors not
+are not read yet (`unchecked`, in issue order; bounded by the calls in flight), those of calls
+captured in CUDA graphs (`captured`: every replay writes them; one per captured call) and the errors not
 raised yet (`unreported`; dropping one would lose it). The p2p handshake's state is the
 handshake's (`_handshake`). A plan's wire buffers are kept per calling thread and stream by the
 same rule in a `Cache` of the plan (`Plan.buffers`).
@@ -120,6 +121,7 @@ class State:
         self.messages = Cache()
         self.unchecked: list = []   # `_errors.Watched` of calls whose error records are not read yet
         self.unreported: list = []  # those whose record held an error not raised yet
+        self.captured: list = []    # those of calls captured in CUDA graphs (read by check_errors)
 
     def forget(self, group) -> None:
         """Drop every cache's entries of `group` (torch.distributed is destroying it)."""

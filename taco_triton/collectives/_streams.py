@@ -80,9 +80,9 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def synchronize() -> None:
-    """Wait on the host for all work on the current CUDA device."""
-    torch.cuda.synchronize()
+def synchronize(device: torch.device | None = None) -> None:
+    """Wait on the host for all work on `device` (None: the current CUDA device)."""
+    torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------- built on the primitives

@@ -385,6 +385,9 @@ class Prepared:
         scope = {"_kernel": self.fn, "_run_kw": run_kw, "_args": self.args}
         exec(source, scope)  # noqa: S102 - generated from the kernel's own parameter names only
         self.call = scope["call"]
+        # the fixed arguments are bound as defaults now; the template's varying ones (the first
+        # call's tensors and wire buffers) would only keep that memory alive
+        self.args.update(dict.fromkeys(self.varying))
 
     def __call__(self, *values, **named):
         return self.call(*values, **named)
