@@ -41,11 +41,18 @@ def current(device: torch.device):
 
 
 def comm(device: torch.device):
-    """The communication stream of `device` (one per device; see the module docstring)."""
+    """The communication stream of `device` (one per device; see the module docstring): from the
+    high-priority pool (as ProcessGroupNCCL's can be), so that it is never a stream the caller took
+    from torch's default pool, which would run the call on the caller's own stream (no overlap);
+    made once, never the stream current when it is made."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _comm.get(index)
     if stream is None:
-        stream = _comm[index] = torch.cuda.Stream(torch.device("cuda", index))
+        where = torch.device("cuda", index)
+        stream = torch.cuda.Stream(where, priority=-1)
+        while stream == torch.cuda.current_stream(where):  # the caller runs on a high-priority pool stream
+            stream = torch.cuda.Stream(where, priority=-1)
+        _comm[index] = stream
     return stream
 
 
