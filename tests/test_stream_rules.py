@@ -119,3 +119,38 @@ def test_concurrent_readers_claim_each_error_record_once():
         for e in entries:
             if e in STATE.unchecked:
                 STATE.unchecked.remove(e)
+
+
+@pytest.mark.parametrize("on_cuda", [True, False], ids=["cuda-issued-at-once", "cpu-queued-in-order"])
+def test_forwarded_calls_take_the_route_of_their_device(monkeypatch, on_cuda):
+    """A forwarded call on CUDA tensors is issued at once, on the caller's thread (its stream, and
+    NCCL's order among the CUDA calls, which are all issued there), even while CPU jobs are queued
+    on the inner group (finding 2: it went through the CPU worker queue); on CPU it queues behind
+    them, in order."""
+    from types import SimpleNamespace
+
+    from taco_triton.collectives import _worker
+    from taco_triton.integrations import process_group as pgm
+
+    class Inner:
+        def __init__(self):
+            self.threads = []
+
+        def broadcast(self, tensors, opts):
+            self.threads.append(threading.current_thread())
+            return None
+
+    inner, release = Inner(), threading.Event()
+    monkeypatch.setattr(pgm, "_on_cuda", lambda args: on_cuda)
+    busy = _worker.of(inner).submit(lambda: release.wait(30))  # a CPU job in flight on the inner group
+    group = SimpleNamespace(inner=inner, _track=lambda work: work)
+    try:
+        work = pgm.CompressingProcessGroup._forward(group, "broadcast", 8, 8, "broadcast", [object()], None)
+        assert inner.threads == ([threading.current_thread()] if on_cuda else [])
+    finally:
+        release.set()
+    busy.synchronize()
+    if not on_cuda:
+        work.wait()
+        assert len(inner.threads) == 1 and inner.threads[0] is not threading.current_thread()
+    _worker.forget(inner)
