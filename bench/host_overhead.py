@@ -133,7 +133,10 @@ def _schedule(mode: str):
         return contextlib.nullcontext()
     from taco_triton import host_audit
 
-    return host_audit.fake_streams()
+    try:  # without the allocator model: its dispatch mode is the tests' instrumentation, not the schedule's cost
+        return host_audit.fake_streams(check_memory=False)
+    except TypeError:  # a checkout from before the model
+        return host_audit.fake_streams()
 
 
 class _Done:

@@ -233,14 +233,15 @@ class _Allocations(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def fake_streams(capturing: bool = False):
+def fake_streams(capturing: bool = False, check_memory: bool = True):
     """Drive the collectives' CUDA stream schedule on CPU tensors: inside the block the one module
     through which the collectives touch streams and events (`taco_triton.collectives._streams`)
     answers with recording fakes (`StreamLog`, which also checks the allocator's rule for memory
     used on another stream), and every Triton launch (interpreter) is logged with the stream
-    current when it was made. `capturing`: as inside a CUDA graph capture. For tests of the
-    schedule and for timing its host bookkeeping (a real event record or stream wait costs a few
-    microseconds more each)."""
+    current when it was made. `capturing`: as inside a CUDA graph capture. `check_memory`: model
+    the allocator's rule (every op's outputs are seen through a dispatch mode, which costs host
+    time: off when timing). For tests of the schedule and for timing its host bookkeeping (a real
+    event record or stream wait costs a few microseconds more each)."""
     from .collectives import _streams
 
     log = StreamLog()
@@ -255,7 +256,8 @@ def fake_streams(capturing: bool = False):
         log.log.append(("wait", stream, ev))
 
     def record_stream(tensor, stream):
-        log._recorded[log._block(tensor, log.caller)].add(stream)
+        if check_memory:
+            log._recorded[log._block(tensor, log.caller)].add(stream)
         log.log.append(("record_stream", stream, TensorSeen(tensor)))
 
     @contextlib.contextmanager
@@ -286,8 +288,9 @@ def fake_streams(capturing: bool = False):
         def logged(self, *args, **kwargs):
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             name = getattr(self.fn, "__name__", "kernel")
-            for t in tensors:
-                log._used(t, log.current, name)
+            if check_memory:
+                for t in tensors:
+                    log._used(t, log.current, name)
             log.log.append(("launch", log.current, name, [TensorSeen(t) for t in tensors]))
             return interp_run(self, *args, **kwargs)
         interp_run = run
@@ -295,7 +298,7 @@ def fake_streams(capturing: bool = False):
     for name, fake in fakes.items():
         setattr(_streams, name, fake)
     try:
-        with _Allocations(log):
+        with _Allocations(log) if check_memory else contextlib.nullcontext():
             yield log
     finally:
         for name, orig in saved.items():
