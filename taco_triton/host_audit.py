@@ -166,8 +166,8 @@ class FakeEvent:
 class StreamLog:
     """What ran under `fake_streams`: `caller` and `comm` streams, and `log`, in order, of
     ("record", stream, event), ("wait", stream, event), ("launch", stream, kernel name, tensors),
-    ("record_stream", stream, tensor) and ("use", stream) entries (tensors as `TensorSeen`: address and
-    size).
+    ("record_stream", stream, tensor), ("use", stream) and ("synchronize", device) entries (tensors
+    as `TensorSeen`: address and size).
 
     It also models the CUDA caching allocator's rule for memory used on another stream: a block
     is allocated on the stream current then; freed, it is reusable by that stream at once, unless
@@ -279,7 +279,7 @@ def fake_streams(capturing: bool = False, check_memory: bool = True):
         "use": use,
         "record_stream": record_stream,
         "capturing": lambda: capturing,
-        "synchronize": lambda device=None: None,
+        "synchronize": lambda device=None: log.log.append(("synchronize", device)),
     }
     saved = {name: getattr(_streams, name) for name in fakes}
     interp = _interpreted_function()

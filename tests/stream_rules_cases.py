@@ -45,8 +45,9 @@ def capture_holds_temporaries(rank: int, world: int) -> dict:
     # the captured calls' error records: kept apart (no later call scans them), read by check_errors
     out["unchecked_growth"] = len(STATE.unchecked) - before[0]
     out["captured_growth"] = len(STATE.captured) - before[1]
-    with fake_streams():
+    with fake_streams() as log:
         taco.check_errors()
+    out["synchronized"] = [str(e[1]) for e in log.log if e[0] == "synchronize"]
     return out
 
 
@@ -93,8 +94,10 @@ def scratch_recorded_where_read(rank: int, world: int) -> dict:
         other = FakeStream("other")
         outs = [torch.empty(N, dtype=torch.bfloat16) for _ in range(world)]
         w = dist.all_gather(outs, inp, group=g, async_op=True)
+        out["list_all_gather_done_early"] = w.is_completed()  # its copies into `outs` run at wait()
         with _streams.use(other):
             w.wait()
+        out["list_all_gather_done"] = w.is_completed()
         out["list_all_gather"] = any(e[0] == "record_stream" and e[1] is other and e[2].numel() == world * N
                                      for e in log.log)
         t = torch.ones(N, 2)[:, 0]

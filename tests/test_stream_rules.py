@@ -32,6 +32,7 @@ def test_memory_used_on_the_communication_stream_outlives_the_join(seen, capturi
 def test_captured_calls_error_records_are_kept_apart_and_read_by_check_errors(seen):
     for r in seen:
         assert r["capture"]["unchecked_growth"] == 0 and r["capture"]["captured_growth"] == 2, r["capture"]
+        assert r["capture"]["synchronized"] == ["cpu"], r["capture"]  # the device the records are on
 
 
 def test_a_plan_keeps_no_tensor_of_the_call_that_made_it(seen):
@@ -49,6 +50,7 @@ def test_scratch_read_at_wait_is_recorded_on_the_waiting_stream(seen):
     for r in seen:
         s = r["scratch"]
         assert s["list_all_gather"] and s["native_copy"] and s["native_value"], s
+        assert not s["list_all_gather_done_early"] and s["list_all_gather_done"], s  # complete once copied out
     assert seen[1]["scratch"]["recv_ordered"], seen[1]["scratch"]
 
 
