@@ -100,6 +100,7 @@ def _rank(rank, world, port, args, queue):
     import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the "fake" backend
 
     import taco_triton as taco
+    from taco_triton.examples import train_gpt
     from taco_triton.examples.gpt import TinyGPT
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -124,14 +125,7 @@ def _rank(rank, world, port, args, queue):
         t0 = time.perf_counter()
         model.loss(x, x).backward()
         model.sync_replicated_grads()
-        for m, p in zip(master, model.parameters()):
-            m.grad = p.grad.float() if p.grad is not None else None
-            p.grad = None
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for m, p in zip(master, model.parameters()):
-                p.copy_(m)
+        train_gpt.master_step(model, master, opt)
         pol.step()
         return 1e3 * (time.perf_counter() - t0), 1e3 * in_collectives[0]
 

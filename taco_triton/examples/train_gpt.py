@@ -129,14 +129,7 @@ def _train(rank, world, mode, args, device, probe=None) -> list[dict]:
             loss = model.loss(x, y)
             loss.backward()
             model.sync_replicated_grads()
-        for m, p in zip(master, model.parameters()):
-            m.grad = p.grad.float() if p.grad is not None else None
-            p.grad = None
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for m, p in zip(master, model.parameters()):
-                p.copy_(m)
+        master_step(model, master, opt)
         policy.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -284,6 +277,19 @@ def run_label(mode: str, axes: tuple[str, ...], error_feedback: bool) -> str:
         return mode
     label = mode if axes == AXES else f"{mode}[{'+'.join(axes)}]"
     return label + ("+ef" if error_feedback and "dp" in axes else "")
+
+
+def master_step(model, master: list, opt) -> None:
+    """The optimizer step on the FP32 master weights: the model's gradients moved onto them, the
+    step, the updated weights copied back into the model (its dtype)."""
+    for m, p in zip(master, model.parameters()):
+        m.grad = p.grad.float() if p.grad is not None else None
+        p.grad = None
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for m, p in zip(master, model.parameters()):
+            p.copy_(m)
 
 
 def main(argv=None, cli: argparse.ArgumentParser | None = None):
