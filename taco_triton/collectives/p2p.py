@@ -32,7 +32,7 @@ from ..layout import WireLayout
 from . import _errors, _handshake, _pg, _streams
 from ._call import DEFAULT_MIN_BYTES
 from ._state import STATE
-from .work import Pending, on_every_wait
+from .work import Pending, decode_on_wait
 
 __all__ = ["decode_into", "encode", "irecv", "isend", "should_compress", "wire_like"]
 
@@ -248,17 +248,9 @@ def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, message: _Me
     this Work. A failure (a handshake the sender failed, a tag that did not match) makes this and
     every later `wait()` raise."""
 
-    allocated_on = _streams.allocation_stream(wire.device)  # `wire` was allocated by the receive, just now
-    issued = _streams.completion(wire.device)  # the issuing stream's work so far (the caller's writes)
-
-    def finish():
-        work.wait()  # a handshake the sender failed raises here
-        _streams.wait_for(issued, wire.device)  # decoded after the issuing stream's earlier work
-        _streams.used_here(wire, allocated_on)  # decoded on the waiting stream
-        return message.decode(wire, tensor.detach().view(-1), handle=True)  # the reference path's tag check raises
-
-    finish, again = on_every_wait(finish, wire.device)
-    return Pending(finish, again=again)
+    # a handshake the sender failed raises at the receive's wait(); the reference path's tag check in decode
+    return decode_on_wait([work], [wire], lambda: message.decode(wire, tensor.detach().view(-1), handle=True),
+                          wire.device)
 
 
 def _decided_send(payload, handshake: _handshake.Handshake) -> Pending:

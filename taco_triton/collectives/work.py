@@ -181,6 +181,28 @@ def on_every_wait(finish: Callable[[], object], device: torch.device):
     return first, again
 
 
+def decode_on_wait(works: list, wires: list, decode: Callable[[], object], device: torch.device, cls=Pending):
+    """A receive's Work (`cls`: `Pending`, or `PendingWork` for a process group): its first `wait()`
+    waits for the receives' `works` (once: a gloo p2p Work waited twice blocks), then runs `decode()`
+    (what it returns is the call's error record, or None) on the waiting stream, after the issuing
+    stream's work up to now (as torch's `irecv` orders it) and with each received wire buffer
+    (`wires`, allocated just now by the receives) recorded there; every later `wait()` orders its
+    stream after the decode. A failure is raised again by every later `wait()`."""
+    allocated_on = _streams.allocation_stream(device)
+    issued = _streams.completion(device)
+
+    def finish():
+        for w in works:
+            w.wait()
+        _streams.wait_for(issued, device)
+        for wire in wires:
+            _streams.used_here(wire, allocated_on)
+        return decode()
+
+    finish, again = on_every_wait(finish, device)
+    return cls(finish, again=again)
+
+
 def as_work(pending, result, device: torch.device, then: Callable[[], None] | None = None):
     """A collective's handle as a ``torch.distributed.Work`` for a process group to return: its
     `wait()` waits for `pending` (a `Pending`, a Work, or None for work already complete), then

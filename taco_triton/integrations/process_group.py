@@ -59,7 +59,7 @@ import torch.distributed as dist
 from ..collectives import _pg, _streams, _worker, p2p
 from ..collectives._state import STATE
 from ..collectives import compressed as coll
-from ..collectives.work import PendingWork, all_of, as_work, on_every_wait
+from ..collectives.work import PendingWork, all_of, as_work, decode_on_wait
 from ..estimate import ring_bytes
 from ..policy import CompressionPolicy, decide, eligible
 from . import sites
@@ -172,13 +172,7 @@ def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> Pend
     the caller's tensor (once); a failed receive keeps raising its error. It has no future
     (receives are waited on, as torch's gloo receives are)."""
 
-    allocated_on = _streams.allocation_stream(wire.device)  # `wire` was allocated by the receive, just now
-    issued = _streams.completion(wire.device)  # the issuing stream's work so far (the caller's writes)
-
-    def finish():
-        work.wait()
-        _streams.wait_for(issued, wire.device)  # decoded after the issuing stream's earlier work
-        _streams.used_here(wire, allocated_on)  # decoded on the waiting stream
+    def decode():
         if tensor.is_contiguous():
             p2p.decode_into(wire, tensor, cfg)
         else:
@@ -186,8 +180,7 @@ def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> Pend
             p2p.decode_into(wire, dense, cfg)
             tensor.copy_(dense)
 
-    finish, again = on_every_wait(finish, wire.device)
-    return PendingWork(finish, again=again)
+    return decode_on_wait([work], [wire], decode, wire.device, PendingWork)
 
 
 class CompressingProcessGroup(dist.ProcessGroup):

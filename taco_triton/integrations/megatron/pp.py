@@ -9,8 +9,8 @@ requests).
 """
 from __future__ import annotations
 
-from ...collectives import WireStats, _streams, p2p
-from ...collectives.work import Pending, on_every_wait
+from ...collectives import WireStats, p2p
+from ...collectives.work import Pending, decode_on_wait
 
 
 def _decode_after_all(reqs: list, decodes: list) -> Pending:
@@ -19,20 +19,11 @@ def _decode_after_all(reqs: list, decodes: list) -> Pending:
     timeout); a failure is raised again by every later wait(). On CUDA the decode runs on the
     waiting stream after the issuing stream's earlier work, each wire buffer recorded there, and
     every later wait() orders its stream after the decode."""
-    device = decodes[0][0].device
-    allocated_on = _streams.allocation_stream(device)  # the wire buffers were allocated just now
-    issued = _streams.completion(device)
-
-    def finish():
-        for r in reqs:
-            r.wait()
-        _streams.wait_for(issued, device)
+    def decode():
         for wire, tensor, cfg in decodes:
-            _streams.used_here(wire, allocated_on)
             p2p.decode_into(wire, tensor, cfg)
 
-    finish, again = on_every_wait(finish, device)
-    return Pending(finish, again=again)
+    return decode_on_wait(reqs, [wire for wire, _, _ in decodes], decode, decodes[0][0].device)
 
 
 def send_recv(handle, orig, tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next, group,
