@@ -257,13 +257,15 @@ def build_launches(v: Variant, gpu: GPU) -> tuple:
     u8, f32 = P(torch.uint8), P(torch.float32)
     scale_b = u8 if v.config.scales == "dual" else f32
     if v.kernel == "compress":
-        from taco_triton.kernels.compress import compress_launches
+        from taco_triton.kernels.compress import CompressOp
 
-        return compress_launches(P(DTYPES[v.dtype]), u8, f32, scale_b, v.numel, v.config, target, params)
+        return CompressOp(v.config, None, target, lambda *_: params).dense_launches(
+            P(DTYPES[v.dtype]), u8, f32, scale_b, v.numel)
     if v.kernel == "decompress":
-        from taco_triton.kernels.decompress import decompress_launches
+        from taco_triton.kernels.decompress import DecompressOp
 
-        return decompress_launches(u8, f32, scale_b, P(DTYPES[v.dtype]), v.numel, v.config, target, params)
+        return DecompressOp(v.config, None, target, lambda *_: params).dense_launches(
+            u8, f32, scale_b, P(DTYPES[v.dtype]), v.numel)
     return (build_launch(v, gpu),)
 
 
@@ -297,14 +299,16 @@ def build_launch(v: Variant, gpu: GPU):
     u8, f32 = P(torch.uint8), P(torch.float32)
     scale_b = u8 if cfg.scales == "dual" else f32
     if v.kernel == "compress":
-        from taco_triton.kernels.compress import compress_launch
+        from taco_triton.kernels.compress import CompressOp
 
-        return compress_launch(P(DTYPES[v.dtype]), u8, f32, scale_b, numel, cfg, target, params)
+        return CompressOp(cfg, None, target, lambda *_: params).dense_launches(
+            P(DTYPES[v.dtype]), u8, f32, scale_b, numel, split=False)[0]
     if v.kernel == "decompress":
-        from taco_triton.kernels.decompress import decompress_launch
+        from taco_triton.kernels.decompress import DecompressOp
 
-        return decompress_launch(u8, f32, scale_b, P(DTYPES[v.dtype]), numel, cfg, target, params)
-    from taco_triton.kernels.reduce import reduce_launch
+        return DecompressOp(cfg, None, target, lambda *_: params).dense_launches(
+            u8, f32, scale_b, P(DTYPES[v.dtype]), numel, split=False)[0]
+    from taco_triton.kernels.reduce import ReduceOp
 
     lay = WireLayout.of(numel, cfg)
     stride = lay.nbytes + (-lay.nbytes) % 16
@@ -312,7 +316,8 @@ def build_launch(v: Variant, gpu: GPU):
     dense = v.kernel == "reduce_dense"
     out = P(DTYPES[v.dtype]) if dense else u8
     o = (out, out, out) if dense else (u8, f32, scale_b)
-    return reduce_launch(u8, f32, scale_b, strides, RANKS, *o, out, numel, cfg, 1.0, dense, target, params)
+    return ReduceOp(cfg, None, target, lambda *_: params).rows_launch(u8, f32, scale_b, strides, RANKS, *o, out, numel,
+                                                                       1.0, dense)
 
 
 def compile_launch(launch, gpu: GPU):

@@ -212,26 +212,10 @@ def compress_eager(x: torch.Tensor, config: CompressionConfig, backend: str = "a
     return entry[1](x)
 
 
-def _one_call(preps):
-    """One function running the prepared launches in order with the same arguments: a single
-    launch, or an aligned main launch and its tail (`kernels._tile.aligned_split`)."""
-    calls = [p.call for p in preps]
-    if len(calls) == 1:
-        return calls[0]
-    first, second = calls
-
-    def run(*args):
-        first(*args)
-        second(*args)
-
-    return run
-
-
 def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
     if _backend_of(backend, x.device) != "triton":
         return lambda x: reference.compress_reference(x, config)
-    from .kernels._launch import Prepared, launch_params, target_of
-    from .kernels.compress import compress_launches
+    from .kernels.compress import CompressOp
 
     layout = WireLayout.of(x.numel(), config)
     nbytes, device = layout.nbytes, x.device
@@ -239,9 +223,7 @@ def _prepare_compress(x: torch.Tensor, config: CompressionConfig, backend: str):
         return lambda x: alloc.empty(nbytes, torch.uint8, device)
     data = alloc.empty(nbytes, torch.uint8, device)
     codes, a, b = layout.split(data)
-    launch = _one_call(Prepared(ln, ("x_ptr", "codes_ptr", "scale_a_ptr", "scale_b_ptr")) for ln in compress_launches(
-        x, codes, a, b, x.numel(), config, target_of(device), launch_params("compress", device, x.dtype, config, x.numel()),
-        device))
+    launch = CompressOp(config, device).dense(x, codes, a, b, x.numel())
     a0, b0 = layout.scale_a_offset, layout.scale_b_offset
     b_f32 = config.scales != "dual"
 
@@ -273,17 +255,14 @@ def _prepare_decompress(data, out, config: CompressionConfig, backend: str, inf_
         def ref(data, out):
             out.view(-1).copy_(reference.decompress_reference(data, out.numel(), config, out.dtype, inf_above))
         return ref
-    from .kernels._launch import Prepared, launch_params, target_of
-    from .kernels.decompress import decompress_launches
+    from .kernels.decompress import DecompressOp
 
     layout = WireLayout.of(out.numel(), config)
     if layout.n_groups == 0:
         return lambda data, out: None
     codes, a, b = layout.split(data)
     device = out.device
-    launch = _one_call(Prepared(ln, ("codes_ptr", "scale_a_ptr", "scale_b_ptr", "out_ptr")) for ln in decompress_launches(
-        codes, a, b, out, out.numel(), config, target_of(device),
-        launch_params("decompress", device, out.dtype, config, out.numel()), device, inf_above))
+    launch = DecompressOp(config, device).dense(codes, a, b, out, out.numel(), inf_above)
     a0, b0 = layout.scale_a_offset, layout.scale_b_offset
     b_f32 = config.scales != "dual"
 

@@ -588,3 +588,21 @@ def test_launch_params_alone_choose_the_warps_of_the_slotted_compress():
         assert _launch.launch_params("compress_slots", cpu, torch.bfloat16, cfg, 8192) == {"num_warps": 8, "num_stages": 3}
         assert _launch.launch_params("compress_slots", cpu, torch.bfloat16, cfg.replace(group_size=128), 8192) == {
             "num_warps": 2, "num_stages": 3}
+
+
+def test_prepared_call_arguments_may_fill_several_parameters():
+    """A fused op's call names its arguments (`ReduceOp.SLOTS_CALL`: one wire-row tensor fills the
+    codes and both scale pointers); a parameter filled twice, or a call name that is no identifier
+    or starts with an underscore (the generated call's own names do), is refused with the names."""
+    from taco_triton.kernels._launch import INTERPRETER, Prepared, ShapedPointer as P
+    from taco_triton.kernels.compress import compress_launch
+
+    u8 = P(torch.uint8)
+    launch = compress_launch(P(torch.bfloat16), u8, P(torch.float32), u8, 8192, taco.CompressionConfig(), INTERPRETER,
+                             {"num_warps": 4, "num_stages": 2})
+    prepared = Prepared(launch, {"x": "x_ptr", "wire": ("codes_ptr", "scale_b_ptr")})
+    assert prepared.varying == ("x", "wire")
+    with pytest.raises(ValueError, match="distinct"):
+        Prepared(launch, {"x": "x_ptr", "y": ("x_ptr", "codes_ptr")})
+    with pytest.raises(ValueError, match=r"without a leading underscore, not \['_c_x'\]"):
+        Prepared(launch, {"_c_x": "x_ptr"})

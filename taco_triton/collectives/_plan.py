@@ -16,7 +16,6 @@ and per codec path:
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 
 import torch
@@ -24,7 +23,6 @@ import torch
 from .. import ops
 from ..config import SUPERBLOCK_ELEMS
 from ..kernels import slots
-from ..kernels._launch import Prepared, launch_params, target_of
 from ..layout import WireLayout
 from . import _pg, _streams
 from ._shapes import ALL_GATHER, ALL_TO_ALL, COMPRESS, DECOMPRESS, REDUCE
@@ -123,40 +121,47 @@ class Plan:
         pad = [[0] * slots.DESC]
         return [[st + pad * (width - len(st)) for st in r] for r in rows]
 
-    def slice_launches(self, k: int, flat, dense, b: "Buffers", desc, err, target, params, seq_ptr=None) -> tuple:
+    def slice_launches(self, k: int, flat, dense, b: "Buffers", desc, err, target=None, params=None,
+                       graph_seeds: bool = False) -> tuple:
         """The (compress, reduce, decompress) `Launch`es of slice k (None where the shape has no
-        such stage), with `flat`, `dense`, the slice's buffers `b`, its descriptor tables `desc`
-        ([0] compress, [1] decompress) and the error record `err` as arguments (tensors, or
-        stand-ins when a launch is only compiled: bench/aot.py builds its launches here);
-        `params(kernel, dtype, numel)` the launch parameters, `target` the compile target,
-        `seq_ptr` the device counter stochastic seeds are salted with, or None."""
+        such stage), built by each fused op (`CompressOp`, `ReduceOp`, `DecompressOp`), with
+        `flat`, `dense`, the slice's buffers `b`, its descriptor tables `desc` ([0] compress, [1]
+        decompress) and the error record `err` as arguments (tensors, or stand-ins when a launch
+        is only compiled: bench/aot.py builds its launches here, passing the compile `target` and
+        `params(kernel, dtype, numel)`); `graph_seeds`: the variant CUDA graph replays salt."""
+        from ..kernels.compress import CompressOp
+
         p, rank, cfg, sl, device = self.p, self.rank, self.config, self.slices[k], self.device
         steps = {st.op for st in self.shape.stages}
-        from ..kernels.compress import compress_slots_launch
-
-        compress = compress_slots_launch(flat, b.send, desc[0], len(sl.piece), slots.total_tiles(sl.lays), cfg, target,
-                                         params("compress_slots", flat.dtype, max(lay.numel for lay in sl.lays)),
-                                         device, seq_ptr=seq_ptr, **slots.alignment(sl.piece))
+        compress = CompressOp(cfg, device, target, params).slots_launch(flat, b.send, desc[0], sl.piece, sl.lays,
+                                                                         graph_seeds)
         reduce = decompress = None
         if REDUCE in steps:
-            from ..kernels.reduce import reduce_launch
+            from ..kernels.reduce import ReduceOp
 
-            lay, stride = sl.lays[rank], sl.strides[rank]
             dense_reduce = self.shape.dense_reduce
-            own = dense if dense_reduce else b.own
-            strides = (stride, stride // 4, stride if cfg.scales == "dual" else stride // 4)
-            tags = (err, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot)
-            reduce = reduce_launch(b.rows, b.rows, b.rows, strides, p, own, own, own, own, lay.numel, cfg,
-                                   self.scale, dense_reduce, target, params("reduce", torch.uint8, lay.numel), device,
-                                   self.inf_above if dense_reduce else math.inf, tags=tags, seq_ptr=seq_ptr)
+            reduce = ReduceOp(cfg, device, target, params).slots_launch(
+                b.rows, sl.strides[rank], p, dense if dense_reduce else b.own, sl.lays[rank].numel, self.scale,
+                dense_reduce, err, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot,
+                self.inf_above, graph_seeds)
         if DECOMPRESS in steps:
-            from ..kernels.decompress import decompress_slots_launch
+            from ..kernels.decompress import DecompressOp
 
-            lays, pieces = self.gathers[k].layouts, self.gathers[k].pieces
-            decompress = decompress_slots_launch(b.gathered, dense, desc[1], err, p, slots.total_tiles(lays), cfg, target,
-                                                 params("decompress_slots", dense.dtype, max(lay.numel for lay in lays)),
-                                                 device, self.inf_above, **slots.alignment(pieces))
+            got = self.gathers[k]
+            decompress = DecompressOp(cfg, device, target, params).slots_launch(
+                b.gathered, dense, desc[1], err, got.pieces, got.layouts, self.inf_above)
         return compress, reduce, decompress
+
+    @staticmethod
+    def prepare(launches: tuple) -> tuple:
+        """Slice launches (`slice_launches`) as their fused ops' prepared calls: compress
+        `(x, wire, seed)`, reduce `(rows, out, seed, err, k, seq)`, decompress
+        `(wire, out, err, k, seq)`; None where there is no such stage."""
+        from ..kernels.compress import CompressOp
+        from ..kernels.decompress import DecompressOp
+        from ..kernels.reduce import ReduceOp
+
+        return tuple(ln and op.prepare_slots(ln) for ln, op in zip(launches, (CompressOp, ReduceOp, DecompressOp)))
 
 
 class TritonPlan(Plan):
@@ -180,30 +185,17 @@ class TritonPlan(Plan):
         gets the launches that calls captured in a CUDA graph run (`graph_launches`: seeds salted
         on the device with `slots.seed_counter`), made now so that no kernel compiles during a
         capture."""
-        self.launches = self._launches(flat, dense, None)
+        self.launches = self._launches(flat, dense, False)
         if self.config.stochastic:
-            self.graph_launches = self._launches(flat, dense, slots.seed_counter(self.device))
+            self.graph_launches = self._launches(flat, dense, True)
 
-    def _launches(self, flat: torch.Tensor, dense: torch.Tensor, seq_ptr) -> list:
+    def _launches(self, flat: torch.Tensor, dense: torch.Tensor, graph_seeds: bool) -> list:
         """Per slice its (compress, reduce, decompress) prepared launches (None where the shape
-        has no such stage); `seq_ptr` the device counter stochastic seeds are salted with, or None."""
-        device, cfg = self.device, self.config
+        has no such stage); `graph_seeds`: the variant CUDA graph replays salt on the device."""
         err = self.errors.claim()  # the launches' template argument; each call passes its own record
         self.errors.release(err)
-
-        def params(kernel, dtype, numel):
-            return launch_params(kernel, device, dtype, cfg, numel)
-
-        varying = (("x_ptr", "out_ptr", "seed"),
-                   ("in_codes_ptr", "in_a_ptr", "in_b_ptr", "out_codes_ptr", "out_a_ptr", "out_b_ptr", "out_ptr", "seed",
-                    "err_ptr", "k", "seq"),
-                   ("data_ptr", "out_ptr", "err_ptr", "k", "seq"))
-        launches = []
-        for k, b in enumerate(self._new_buffers()):
-            built = self.slice_launches(k, flat, dense, b, self.desc[k], err.tensor, target_of(device), params, seq_ptr)
-            # plain functions
-            launches.append(tuple(x and Prepared(x, names).call for x, names in zip(built, varying)))
-        return launches
+        return [self.prepare(self.slice_launches(k, flat, dense, b, self.desc[k], err.tensor, graph_seeds=graph_seeds))
+                for k, b in enumerate(self._new_buffers())]
 
     def _new_buffers(self) -> list:
         """One set of wire buffers per slice (`Buffers`), from torch.empty."""
@@ -261,9 +253,9 @@ class TritonPlan(Plan):
             if op is REDUCE:
                 if dense:
                     out = b.dense_of(dst)
-                    launches[k][1](b.rows, b.rows, b.rows, out, out, out, out, seed, err, k, seq)
+                    launches[k][1](b.rows, out, seed, err, k, seq)
                     return None
-                launches[k][1](b.rows, b.rows, b.rows, b.own, b.own, b.own, b.own, reduce_seed, err, k, seq)
+                launches[k][1](b.rows, b.own, reduce_seed, err, k, seq)
                 return b.own
             launches[k][2](b.gathered, dst, err, k, seq)
             return None

@@ -99,9 +99,9 @@ class _Message:
                 list(self.tag.to_bytes(4, "little")), dtype=torch.uint8, device=flat.device)
             return wire
         if self._encode is None:  # with stochastic rounding also the launch CUDA graphs capture
-            self._encode = self._encode_launch(flat, wire, None)
+            self._encode = self._encode_launch(flat, wire, False)
             if self.config.stochastic:
-                self._encode_graph = self._encode_launch(flat, wire, slots.seed_counter(flat.device))
+                self._encode_graph = self._encode_launch(flat, wire, True)
         if self.config.stochastic and _streams.graph_seeds(flat.device):
             slots.seed_counter(flat.device).add_(1)  # so that every replay rounds with fresh seeds
             self._encode_graph(flat, wire, seed)
@@ -109,14 +109,11 @@ class _Message:
             self._encode(flat, wire, seed)
         return wire
 
-    def _encode_launch(self, flat: torch.Tensor, wire: torch.Tensor, seq_ptr):
-        from ..kernels._launch import Prepared, launch_params, target_of
-        from ..kernels.compress import compress_slots_launch
+    def _encode_launch(self, flat: torch.Tensor, wire: torch.Tensor, graph_seeds: bool):
+        from ..kernels.compress import CompressOp
 
-        return Prepared(compress_slots_launch(
-            flat, wire, self.desc, 1, self.tiles, self.config, target_of(flat.device),
-            launch_params("compress_slots", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
-            seq_ptr=seq_ptr, **slots.alignment([(0, flat.numel())])), ("x_ptr", "out_ptr", "seed")).call
+        op = CompressOp(self.config, flat.device)
+        return op.prepare_slots(op.slots_launch(flat, wire, self.desc, [(0, flat.numel())], [self.layout], graph_seeds))
 
     def decode(self, wire: torch.Tensor, flat: torch.Tensor, handle: bool):
         """Check the tag and decompress: on the Triton path returns the message's error record as
@@ -132,13 +129,11 @@ class _Message:
             return None
         record = self.errors.claim()
         if self._decode is None:
-            from ..kernels._launch import Prepared, launch_params, target_of
-            from ..kernels.decompress import decompress_slots_launch
+            from ..kernels.decompress import DecompressOp
 
-            self._decode = Prepared(decompress_slots_launch(
-                wire, flat, self.desc, record.tensor, 1, self.tiles, self.config, target_of(flat.device),
-                launch_params("decompress", flat.device, flat.dtype, self.config, flat.numel()), flat.device,
-                **slots.alignment([(0, flat.numel())])), ("data_ptr", "out_ptr", "err_ptr", "k", "seq"))
+            op = DecompressOp(self.config, flat.device)
+            self._decode = op.prepare_slots(op.slots_launch(wire, flat, self.desc, record.tensor, [(0, flat.numel())],
+                                                            [self.layout]))
         self._decode(wire, flat, record.tensor, 0, 0)
         return _errors.watch(self, record, flat.device, handle)
 

@@ -352,10 +352,15 @@ def launch_meta(target: Target, params: dict, **constexprs) -> dict:
 
 class Prepared:
     """A `Launch` made ready for repeated calls: its grid and meta computed once, its arguments a
-    template in which a call replaces only those that change (`varying`: parameter names of the
-    kernel; ValueError naming any it does not have).
+    template in which a call replaces only those that change.
 
-    `call(*values)` takes the varying arguments in the order of `varying` (or by their names).
+    `varying` names them: a tuple of the kernel's parameter names (the call takes them in that
+    order, or by name), or a dict from each argument of the call to the kernel parameter(s) it
+    fills (one name, or a tuple when one tensor is passed as several pointers, as the fused reduce
+    takes a wire row as its codes and both scale regions). ValueError names any parameter the
+    kernel does not have, or one filled twice.
+
+    `call(*values)` takes the varying arguments in that order (or by their names).
     A call of a prepared launch costs one Triton launch: no layout, no launch parameters, no grid
     lookup, no argument list built. The call is a function generated once (as `dataclasses`
     generates its methods) whose fixed arguments are bound as defaults, i.e. as locals. It calls
@@ -366,19 +371,29 @@ class Prepared:
 
     __slots__ = ("args", "call", "fn", "grid", "meta", "varying")
 
-    def __init__(self, launch: Launch, varying: tuple[str, ...]):
+    def __init__(self, launch: Launch, varying):
         self.fn, self.grid, self.meta = launch.fn, launch.grid(), launch.meta
-        self.args, self.varying = dict(launch.args), tuple(varying)
+        self.args = dict(launch.args)
+        fills = dict(varying) if isinstance(varying, dict) else {name: name for name in varying}
+        fills = {arg: (params,) if isinstance(params, str) else tuple(params) for arg, params in fills.items()}
+        self.varying = tuple(fills)
         runtime, constexprs = kernel_parameters(self.fn)
-        unknown = [v for v in self.varying if v not in self.args]
-        if unknown or len(set(self.varying)) != len(self.varying):
-            raise ValueError(f"{getattr(self.fn, '__name__', self.fn)}: varying {list(varying)} must be distinct "
+        filled = [p for params in fills.values() for p in params]
+        if not isinstance(varying, dict):
+            filled = list(varying)  # a name given twice is an error, not one argument
+        unknown = [p for p in filled if p not in self.args]
+        bad_names = [a for a in fills if not a.isidentifier() or a.startswith("_")]
+        if unknown or len(set(filled)) != len(filled) or bad_names:
+            raise ValueError(f"{getattr(self.fn, '__name__', self.fn)}: varying {list(filled)} must be distinct "
                              f"runtime parameters; unknown {unknown} (constexprs {sorted(set(unknown) & constexprs)} are "
-                             f"fixed by the launch); its runtime parameters: {list(runtime)}")
-        fixed = [name for name in runtime if name not in self.varying]
+                             f"fixed by the launch); call argument names must be identifiers without a leading underscore, "
+                             f"not {bad_names}; its "
+                             f"runtime parameters: {list(runtime)}")
+        source_of = {p: arg for arg, params in fills.items() for p in params}
+        fixed = [name for name in runtime if name not in source_of]
         # the kernel's parameter names are identifiers; the fixed ones get a prefix no kernel uses
         params = ", ".join([*self.varying, "*", "_fn=_kernel", "_kw=_run_kw"] + [f"_c_{n}=_args[{n!r}]" for n in fixed])
-        passed = ", ".join(n if n in self.varying else f"_c_{n}" for n in runtime)
+        passed = ", ".join(source_of.get(n, f"_c_{n}") for n in runtime)
         # `_fn.run` is looked up per call: instrumentation (host_audit) may replace `run` on the class
         source = f"def call({params}):\n    return _fn.run({passed}, **_kw)\n"
         run_kw = {**self.meta, "grid": self.grid, "warmup": False}
@@ -387,7 +402,23 @@ class Prepared:
         self.call = scope["call"]
         # the fixed arguments are bound as defaults now; the template's varying ones (the first
         # call's tensors and wire buffers) would only keep that memory alive
-        self.args.update(dict.fromkeys(self.varying))
+        self.args.update(dict.fromkeys(source_of))
 
     def __call__(self, *values, **named):
         return self.call(*values, **named)
+
+
+def in_order(calls):
+    """One function that runs `calls` (prepared launches' `call`s) in order with the same
+    arguments: a single launch as itself, or an aligned main launch and its tail
+    (`_tile.aligned_split`)."""
+    calls = list(calls)
+    if len(calls) == 1:
+        return calls[0]
+    first, second = calls
+
+    def run(*args):
+        first(*args)
+        second(*args)
+
+    return run

@@ -18,7 +18,8 @@ from .. import alloc
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
 from ._common import STOCHASTIC, codec_constexprs, encoder_constexprs, hadamard_rows, load_tables, row_absmax
-from ._launch import Launch, Target, launch_meta, launch_params, op16, target_of
+from . import slots
+from ._launch import Launch, Prepared, Target, in_order, launch_meta, launch_params, op16, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, load_dense, quantize_store, taco_prescale, tile_rows
 from ._slot_io import (
@@ -230,6 +231,56 @@ def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: Comp
                        seed=config.seed if seed is None else seed, seq_ptr=seq_ptr), meta, device)
 
 
+class CompressOp:
+    """Every launch of the fused compress, decided in this one place: the kernel (dense, or
+    slotted with tags), its launch parameters (asked under the kernel's own name), a dense
+    launch's aligned split, a slotted launch's tiles and alignment (from its pieces and layouts),
+    the variant whose stochastic seeds CUDA graph replays salt on the device, and what a repeated
+    call passes, by name. `ops` (dense), the collectives' and p2p's plans (slotted) and
+    bench/aot.py (both) build their launches here, so a change of a kernel's parameters is a
+    change of this file.
+
+    Args:
+        config: the `CompressionConfig`.
+        device: where the launches run (None: only compiled, for bench/aot.py).
+        target: the compile target (None: the device's, `target_of`).
+        params: `(kernel, dtype, numel) -> launch parameters` (None: `launch_params` on `device`).
+    """
+
+    #: What a repeated call passes: call argument -> the kernel parameter(s) it fills.
+    DENSE_CALL = {"x": "x_ptr", "codes": "codes_ptr", "scale_a": "scale_a_ptr", "scale_b": "scale_b_ptr"}
+    SLOTS_CALL = {"x": "x_ptr", "wire": "out_ptr", "seed": "seed"}
+
+    def __init__(self, config: CompressionConfig, device: torch.device | None = None, target: Target | None = None,
+                 params=None):
+        self.config, self.device = config, device
+        self.target = target_of(device) if target is None else target
+        self.params = params or (lambda kernel, dtype, numel: launch_params(kernel, device, dtype, config, numel))
+
+    def dense_launches(self, x, codes, a, b, numel: int, split: bool = True) -> tuple[Launch, ...]:
+        """`compress_launches` with this op's parameters (kernel "compress")."""
+        return compress_launches(x, codes, a, b, numel, self.config, self.target,
+                                 self.params("compress", x.dtype, numel), self.device, split)
+
+    def dense(self, x, codes, a, b, numel: int):
+        """`run(x, codes, scale_a, scale_b)`: the dense launches prepared, run in order."""
+        return in_order(Prepared(ln, self.DENSE_CALL).call for ln in self.dense_launches(x, codes, a, b, numel))
+
+    def slots_launch(self, x, wire, desc, pieces, layouts, graph_seeds: bool = False) -> Launch:
+        """The slotted launch over `pieces` of x (their `layouts`; `desc` their descriptor table)
+        into `wire`; `graph_seeds`: the variant CUDA graphs capture (seeds salted on the device
+        with `slots.seed_counter`), for stochastic rounding."""
+        seq_ptr = slots.seed_counter(self.device) if graph_seeds and self.config.stochastic else None
+        params = self.params("compress_slots", x.dtype, max(lay.numel for lay in layouts))
+        return compress_slots_launch(x, wire, desc, len(pieces), slots.total_tiles(layouts), self.config, self.target,
+                                     params, self.device, seq_ptr=seq_ptr, **slots.alignment(pieces))
+
+    @classmethod
+    def prepare_slots(cls, launch: Launch):
+        """`run(x, wire, seed)` of a slotted launch."""
+        return Prepared(launch, cls.SLOTS_CALL).call
+
+
 def compress_triton(x: torch.Tensor, config: CompressionConfig, out: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the fused compress kernel. `x` contiguous bf16/fp16/fp32; returns the wire buffer."""
     if not x.is_contiguous():
@@ -239,7 +290,6 @@ def compress_triton(x: torch.Tensor, config: CompressionConfig, out: torch.Tenso
     if layout.n_groups == 0:
         return data
     codes, a, b = layout.split(data)
-    params = launch_params("compress", x.device, x.dtype, config, x.numel())
-    for launch in compress_launches(x, codes, a, b, x.numel(), config, target_of(x.device), params, x.device):
+    for launch in CompressOp(config, x.device).dense_launches(x, codes, a, b, x.numel()):
         launch.run()
     return data

@@ -18,7 +18,8 @@ import triton.language as tl
 from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
 from ._common import E4M3, INT8, codec_constexprs, decode_target_codes, hadamard_rows, load_codes, load_tables
-from ._launch import Launch, Target, launch_meta, launch_params, op16, target_of
+from . import slots
+from ._launch import Launch, Prepared, Target, in_order, launch_meta, launch_params, op16, target_of
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, check_inf_above, load_scales, pin_rows, store_dense, tile_rows
 from ._slot_io import (
@@ -209,6 +210,56 @@ def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int,
                   meta, device)
 
 
+class DecompressOp:
+    """Every launch of the fused decompress, decided in this one place (as `compress.CompressOp`):
+    the kernel (dense, or slotted with tag checks), its launch parameters under the kernel's own
+    name, the aligned split, a slotted launch's tiles and alignment, and what a repeated call
+    passes, by name. `ops`, the collectives' and p2p's plans and bench/aot.py build their launches
+    here.
+
+    Args:
+        config: the `CompressionConfig`.
+        device: where the launches run (None: only compiled, for bench/aot.py).
+        target: the compile target (None: the device's, `target_of`).
+        params: `(kernel, dtype, numel) -> launch parameters` (None: `launch_params` on `device`).
+    """
+
+    #: What a repeated call passes: call argument -> the kernel parameter(s) it fills.
+    DENSE_CALL = {"codes": "codes_ptr", "scale_a": "scale_a_ptr", "scale_b": "scale_b_ptr", "out": "out_ptr"}
+    SLOTS_CALL = {"wire": "data_ptr", "out": "out_ptr", "err": "err_ptr", "k": "k", "seq": "seq"}
+
+    def __init__(self, config: CompressionConfig, device: torch.device | None = None, target: Target | None = None,
+                 params=None):
+        self.config, self.device = config, device
+        self.target = target_of(device) if target is None else target
+        self.params = params or (lambda kernel, dtype, numel: launch_params(kernel, device, dtype, config, numel))
+
+    def dense_launches(self, codes, a, b, out, numel: int, inf_above: float = math.inf,
+                       split: bool = True) -> tuple[Launch, ...]:
+        """`decompress_launches` with this op's parameters (kernel "decompress")."""
+        return decompress_launches(codes, a, b, out, numel, self.config, self.target,
+                                   self.params("decompress", out.dtype, numel), self.device, inf_above, split)
+
+    def dense(self, codes, a, b, out, numel: int, inf_above: float = math.inf):
+        """`run(codes, scale_a, scale_b, out)`: the dense launches prepared, run in order."""
+        return in_order(Prepared(ln, self.DENSE_CALL).call
+                        for ln in self.dense_launches(codes, a, b, out, numel, inf_above))
+
+    def slots_launch(self, wire, out, desc, err, pieces, layouts, inf_above: float = math.inf) -> Launch:
+        """The slotted launch that checks the tags of `wire`'s slots and decompresses each into its
+        piece of `out` (`pieces`, their `layouts`; `desc` their descriptor table; `err` the
+        error record the checks write)."""
+        params = self.params("decompress_slots", out.dtype, max(lay.numel for lay in layouts))
+        return decompress_slots_launch(wire, out, desc, err, len(pieces), slots.total_tiles(layouts), self.config,
+                                       self.target, params, self.device, inf_above, **slots.alignment(pieces))
+
+    @classmethod
+    def prepare_slots(cls, launch: Launch):
+        """`run(wire, out, err, k, seq)` of a slotted launch (k, seq: the slice and call an error
+        record names)."""
+        return Prepared(launch, cls.SLOTS_CALL).call
+
+
 def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: CompressionConfig,
                       inf_above: float = math.inf) -> torch.Tensor:
     """Launch the fused decompress kernel into `out` (contiguous bf16/fp16/fp32); `inf_above` as
@@ -219,8 +270,6 @@ def decompress_triton(data: torch.Tensor, out: torch.Tensor, config: Compression
     if layout.n_groups == 0:
         return out
     codes, a, b = layout.split(data)
-    params = launch_params("decompress", out.device, out.dtype, config, out.numel())
-    for launch in decompress_launches(codes, a, b, out, out.numel(), config, target_of(out.device), params, out.device,
-                                      inf_above):
+    for launch in DecompressOp(config, out.device).dense_launches(codes, a, b, out, out.numel(), inf_above):
         launch.run()
     return out

@@ -29,7 +29,8 @@ from ._common import (
     load_tables,
     row_absmax,
 )
-from ._launch import Launch, Target, launch_meta, launch_params, target_of
+from . import slots
+from ._launch import Launch, Prepared, Target, launch_meta, launch_params, target_of
 from ._tables import SB_PER_TILE, TILE_ELEMS, hadamard_tables
 from ._tile import check_inf_above, load_scales, quantize_store, store_dense, taco_prescale, tile_rows
 from ._slot_io import read_tag, record_error, salt_in_kernel, write_tag
@@ -167,6 +168,60 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
         k=0, seq=0, a_off=layout.scale_a_offset, b_off=layout.scale_b_offset, seq_ptr=seq_ptr), meta, device)
 
 
+class ReduceOp:
+    """Every launch of the fused reduce, decided in this one place (as `compress.CompressOp`): the
+    collectives' tagged reduce over P wire rows of one slot stride (the scale regions found at
+    their byte offsets in each row, so a call passes the rows once), into a requantized slot
+    (all_reduce) or the dense output (reduce_scatter); its launch parameters under the kernel's
+    own name; the graph-seed variant; and what a repeated call passes, by name. The collectives'
+    plans and bench/aot.py build their launches here; `reduce_triton` (the eager op) is below.
+
+    Args:
+        config: the `CompressionConfig`.
+        device: where the launches run (None: only compiled, for bench/aot.py).
+        target: the compile target (None: the device's, `target_of`).
+        params: `(kernel, dtype, numel) -> launch parameters` (None: `launch_params` on `device`).
+    """
+
+    #: What a repeated call passes: the rows fill the codes and both scale pointers, the output
+    #: (a slot, or the dense tensor) every output pointer.
+    SLOTS_CALL = {"rows": ("in_codes_ptr", "in_a_ptr", "in_b_ptr"),
+                  "out": ("out_codes_ptr", "out_a_ptr", "out_b_ptr", "out_ptr"),
+                  "seed": "seed", "err": "err_ptr", "k": "k", "seq": "seq"}
+
+    def __init__(self, config: CompressionConfig, device: torch.device | None = None, target: Target | None = None,
+                 params=None):
+        self.config, self.device = config, device
+        self.target = target_of(device) if target is None else target
+        self.params = params or (lambda kernel, dtype, numel: launch_params(kernel, device, dtype, config, numel))
+
+    def slots_launch(self, rows, stride: int, n_ranks: int, out, numel: int, scale: float, dense: bool, err,
+                     tag_in: int, tag_out: int, slot_end: int, inf_above: float = math.inf,
+                     graph_seeds: bool = False) -> Launch:
+        """The tagged reduce of `n_ranks` rows of `rows` (uint8, `stride` bytes apart), each holding
+        `numel` elements' wire bytes and `tag_in`, into `out`: the dense sum (`dense`, values
+        beyond `inf_above` become +-inf) or a slot of `slot_end` bytes tagged `tag_out`; a tag
+        mismatch writes `err`. `graph_seeds`: as `CompressOp.slots_launch`."""
+        scale_words = stride // 4  # FP32 scales: the row stride in their elements
+        strides = (stride, scale_words, stride if self.config.scales == "dual" else scale_words)
+        seq_ptr = slots.seed_counter(self.device) if graph_seeds and self.config.stochastic else None
+        return reduce_launch(rows, rows, rows, strides, n_ranks, out, out, out, out, numel, self.config, scale, dense,
+                             self.target, self.params("reduce", torch.uint8, numel), self.device,
+                             inf_above if dense else math.inf, tags=(err, tag_in, tag_out, slot_end), seq_ptr=seq_ptr)
+
+    def rows_launch(self, in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b, out, numel: int,
+                    scale: float, dense: bool, inf_above: float = math.inf) -> Launch:
+        """The untagged reduce `reduce_triton` runs: n_ranks rows given as (codes, a, b) views
+        with their element `strides`, into (o_c, o_a, o_b) of a wire buffer or the dense `out`."""
+        return reduce_launch(in_c, in_a, in_b, strides, n_ranks, o_c, o_a, o_b, out, numel, self.config, scale, dense,
+                             self.target, self.params("reduce", torch.uint8, numel), self.device, inf_above)
+
+    @classmethod
+    def prepare_slots(cls, launch: Launch):
+        """`run(rows, out, seed, err, k, seq)` of a tagged reduce."""
+        return Prepared(launch, cls.SLOTS_CALL).call
+
+
 def reduce_triton(
     bufs: torch.Tensor, numel: int, config: CompressionConfig, scale: float = 1.0,
     out: torch.Tensor | None = None, dense_out: torch.Tensor | None = None, inf_above: float = math.inf,
@@ -188,7 +243,7 @@ def reduce_triton(
         return target_out
     in_c, in_a, in_b = _row_views(bufs, layout)
     o_c, o_a, o_b = (dense_out,) * 3 if dense else layout.split(out)
-    params = launch_params("reduce", bufs.device, torch.uint8, config, numel)
-    reduce_launch(in_c, in_a, in_b, (in_c.stride(0), in_a.stride(0), in_b.stride(0)), bufs.shape[0], o_c, o_a, o_b,
-                  target_out, numel, config, scale, dense, target_of(bufs.device), params, bufs.device, inf_above).run()
+    ReduceOp(config, bufs.device).rows_launch(in_c, in_a, in_b, (in_c.stride(0), in_a.stride(0), in_b.stride(0)),
+                                              bufs.shape[0], o_c, o_a, o_b, target_out, numel, scale, dense,
+                                              inf_above).run()
     return target_out
