@@ -7,14 +7,12 @@ from . import alloc, ops
 from .compressed import Compressed
 from .config import INPUT_DTYPES, CompressionConfig
 from .layout import WireLayout
-
-_DEFAULT: list = []
-
+from .state import STATE
 
 def _default_config() -> CompressionConfig:
-    if not _DEFAULT:
-        _DEFAULT.append(CompressionConfig())
-    return _DEFAULT[0]
+    if STATE.codec_default is None:
+        STATE.codec_default = CompressionConfig()
+    return STATE.codec_default
 
 
 def _fields(c: CompressionConfig) -> tuple:

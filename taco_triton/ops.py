@@ -16,6 +16,7 @@ import torch
 from . import alloc, env, reference
 from .config import CompressionConfig
 from .layout import WireLayout
+from .state import STATE
 
 BACKENDS = ("auto", "triton", "torch")
 
@@ -170,34 +171,32 @@ def reduce_into(
 # ops without their dispatch layers (which only tracing needs), with everything but the data
 # prepared once per (numel, config, dtype, device, backend): layout, launch parameters, grid,
 # constexprs, Hadamard tables. A steady-state call is an allocation, three views and one launch.
-_eager: dict = {}
-_MAX_EAGER = 4096
-_resolved: dict = {}
+# Kept in `STATE.eager` (cleared whole past `STATE.EAGER_BOUND`) and `STATE.backends`.
 
 
 def _backend_of(backend: str, device: torch.device) -> str:
     key = (backend, device.type)
-    got = _resolved.get(key)
+    got = STATE.backends.get(key)
     if got is None:
         got = resolve_backend(backend, device)
         if backend == "auto":  # "triton" on CPU depends on TRITON_INTERPRET at call time: not cached
-            _resolved[key] = got
+            STATE.backends[key] = got
     return got
 
 
 # Keys hold id(config), not the config (hashing a frozen dataclass hashes all its fields on every
 # call); the entry keeps the config itself alive, so its id cannot be reused by another object.
 def _remember(key, config, prep):
-    if len(_eager) >= _MAX_EAGER:
-        _eager.clear()
-    _eager[key] = (config, prep)
+    if len(STATE.eager) >= STATE.EAGER_BOUND:
+        STATE.eager.clear()
+    STATE.eager[key] = (config, prep)
     return prep
 
 
 def wire_nbytes(numel: int, config: CompressionConfig) -> int:
     """`WireLayout.of(numel, config).nbytes`, remembered per (numel, config object)."""
     key = ("nbytes", numel, id(config))
-    entry = _eager.get(key)
+    entry = STATE.eager.get(key)
     if entry is None:
         return _remember(key, config, WireLayout.of(numel, config).nbytes)
     return entry[1]
@@ -206,7 +205,7 @@ def wire_nbytes(numel: int, config: CompressionConfig) -> int:
 def compress_eager(x: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
     """The wire buffer of contiguous `x` (what `compress_op` returns), without dispatch layers."""
     key = ("compress", x.numel(), id(config), x.dtype, x.device, backend)
-    entry = _eager.get(key)
+    entry = STATE.eager.get(key)
     if entry is None:
         return _remember(key, config, _prepare_compress(x, config, backend))(x)
     return entry[1](x)
@@ -242,7 +241,7 @@ def decompress_eager(data: torch.Tensor, out: torch.Tensor, config: CompressionC
                      inf_above: float = math.inf) -> torch.Tensor:
     """Decompress a 16-byte-aligned wire buffer into contiguous `out`, without dispatch layers."""
     key = ("decompress", out.numel(), id(config), out.dtype, out.device, backend, inf_above)
-    entry = _eager.get(key)
+    entry = STATE.eager.get(key)
     if entry is None:
         _remember(key, config, _prepare_decompress(data, out, config, backend, inf_above))(data, out)
     else:

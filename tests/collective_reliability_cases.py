@@ -126,7 +126,7 @@ def graph_seeds(rank: int, world: int) -> dict:
     import itertools
 
     from taco_triton.collectives import _streams
-    from taco_triton.collectives._state import STATE
+    from taco_triton.state import STATE
 
     x = torch.randn(4096, generator=torch.Generator().manual_seed(rank)).bfloat16()
     out = {}

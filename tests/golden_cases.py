@@ -148,7 +148,7 @@ class _Received:
 
 def _number_calls(n: int) -> None:
     """Start the collectives' and p2p's call numbers (they salt stochastic seeds) at `n`."""
-    from taco_triton.collectives._state import STATE
+    from taco_triton.state import STATE
 
     STATE.calls = itertools.count(n)
     STATE.messages_sent = itertools.count(n)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import taco_triton as taco
 from taco_triton.collectives import _streams, p2p
-from taco_triton.collectives._state import STATE
+from taco_triton.state import STATE
 from taco_triton.host_audit import FakeStream, fake_streams
 from taco_triton.integrations.process_group import compressed_group
 

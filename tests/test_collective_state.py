@@ -1,11 +1,11 @@
-"""What the collectives keep between calls (`collectives._state`) and the order their driver runs
+"""What the collectives keep between calls (`taco_triton.state`) and the order their driver runs
 a call's stages in (`collectives._driver.order`): pure host logic, no process group."""
 import itertools
 
 import pytest
 
 from taco_triton.collectives._driver import order
-from taco_triton.collectives._state import Cache
+from taco_triton.state import Cache, State
 
 
 @pytest.mark.parametrize("n_stages", [1, 2, 3, 4])
@@ -51,11 +51,23 @@ def test_a_destroyed_groups_share_is_dropped_with_the_next_new_share():
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    cache = Cache()
+    state = State()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     group = dist.distributed_c10d._get_default_group()
-    cache.put("plan", 1, group)
+    state.plans.put("plan", 1, group)
+    assert state.holds(group) == ["plans", "groups"]
     dist.destroy_process_group()
-    assert cache.has("plan")  # kept until a new share is made
-    cache.put("fingerprint", 2)
-    assert not cache.has("plan") and cache.get("fingerprint") == 2
+    assert state.plans.has("plan")  # a plain group tells no one: kept until a new share is made
+    state.fingerprints.put("fingerprint", 2)
+    assert not state.plans.has("plan") and state.fingerprints.get("fingerprint") == 2 and state.holds(group) == []
+
+
+def test_fifty_groups_made_used_and_destroyed_leave_no_threads_and_no_entries():
+    """Each group gets a worker thread (async calls on CPU), a plan, an agreement and a p2p
+    handshake; once destroyed, the next new signature forgets all of it."""
+    from .dist_utils import run_ranks
+    from .group_lifetime_cases import fifty_groups
+
+    for report in run_ranks(fifty_groups, 2, timeout_s=300, pg_timeout_s=60):
+        assert report["used"] == 50, report  # each group did hold state
+        assert report["threads"] == [] and report["held"] == [] and report["groups"] == 1, report

@@ -93,7 +93,7 @@ def test_a_new_default_group_gets_its_own_plans():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from taco_triton.collectives import _pg
-    from taco_triton.collectives._state import STATE
+    from taco_triton.state import STATE
 
     for world in (2, 4):
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)

@@ -56,3 +56,62 @@ def test_only_the_fused_ops_build_and_bind_launches(builder):
 def test_the_rule_reader_finds_a_copy():
     """The reader sees a builder call outside its home (it would be blind if `offenders` skipped all)."""
     assert offenders(r"\bcompress_slots_launch\(", set()), "the kernel module itself calls it"
+
+
+# ------------------------------------------------------------------------------------------- state
+MUTATORS_CALLS = {"dict", "list", "set", "deque", "defaultdict", "OrderedDict", "WeakKeyDictionary",
+                 "WeakValueDictionary", "WeakSet", "count", "Counter"}
+
+
+MUTATORS = {"append", "add", "update", "pop", "popitem", "clear", "setdefault", "extend", "remove", "insert", "discard"}
+
+
+def module_state(path: Path) -> list[str]:
+    """`line: name` of each module-level name bound to a mutable container (a literal, a
+    comprehension or a container's constructor) that is state: a lower-case name, or an
+    UPPER-CASE one (a constant table by convention) that the module changes (item assignment or
+    deletion, a mutating method); and each `global` statement, in `path`."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    changed = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and isinstance(n.ctx, (ast.Store, ast.Del)) and isinstance(n.value, ast.Name):
+            changed.add(n.value.id)
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in MUTATORS
+                and isinstance(n.func.value, ast.Name)):
+            changed.add(n.func.value.id)
+    found = []
+    for node in tree.body:
+        targets, value = ([], None)
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        mutable = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)) or (
+            isinstance(value, ast.Call) and (getattr(value.func, "id", None) or getattr(value.func, "attr", None))
+            in MUTATORS_CALLS)
+        names = [t.id for t in targets if isinstance(t, ast.Name) and t.id != "__all__"
+                 and (not t.id.lstrip("_").isupper() or t.id in changed)]
+        if names and mutable:
+            found.append(f"{node.lineno}: {', '.join(names)}")
+    found += [f"{n.lineno}: global {', '.join(n.names)}" for n in ast.walk(tree) if isinstance(n, ast.Global)]
+    return found
+
+
+def test_no_module_level_mutable_state_outside_STATE():
+    """Workers, handshakes, streams, seed counters, tuned lookups, eager launches, sites: every
+    thing taco_triton keeps between calls lives in `taco_triton.state.STATE`, where one rule
+    forgets a destroyed group's share of it. Constants (tuples, frozensets) and per-thread
+    contexts (`threading.local`, `ContextVar`) are not state between calls."""
+    found = {path.relative_to(ROOT).as_posix(): module_state(path) for path in sorted((ROOT / "taco_triton").rglob("*.py"))
+             if path.relative_to(ROOT).as_posix() != "taco_triton/state.py"}
+    found = {k: v for k, v in found.items() if v}
+    assert not found, found
+
+
+def test_the_state_reader_finds_module_state(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import weakref\n__all__ = []\nA = (1, 2)\n_cache: dict = {}\n_w = weakref.WeakKeyDictionary()\n"
+                 "TABLE = {1: 2}\n_MEMO = {}\n\ndef f(k):\n    global A\n    _MEMO[k] = TABLE[k]\n")
+    assert module_state(f) == ["4: _cache", "5: _w", "7: _MEMO", "10: global A"]

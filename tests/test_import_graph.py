@@ -159,11 +159,11 @@ def test_the_flow_runs_one_way(lower, upper):
 
 
 #: The collectives' modules, lowest first: each imports only modules of its own or lower rows.
-#: The state, the CUDA seam and the process-group calls import no other collectives module; the
+#: The CUDA seam and the process-group calls import no other collectives module; the
 #: shapes (what each collective computes) and plans (how a call is prepared) never import the
 #: driver, the call, or the public modules; the public API sits on top.
 COLLECTIVES_LAYERS = [
-    ["_state", "_streams", "_pg"],
+    ["_streams", "_pg"],
     ["work"],
     ["_errors", "_handshake", "_worker"],
     ["_shapes"],
@@ -185,6 +185,12 @@ def test_the_collectives_modules_import_only_lower_rows():
     outside = sorted(f"{m} -> {t}" for m in row for t in graph[m]
                      if t.startswith(("taco_triton.parallel", "taco_triton.integrations", "taco_triton.policy")))
     assert not outside, outside
+
+
+def test_the_state_imports_no_project_module():
+    """`taco_triton.state` sits below everything (kernels, ops and collectives keep their state in it)."""
+    found = sorted(import_graph()["taco_triton.state"])
+    assert not found, found
 
 
 def test_the_error_records_import_no_kernel_module():

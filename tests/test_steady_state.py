@@ -14,7 +14,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import taco_triton as taco
 from taco_triton.collectives import _pg
-from taco_triton.collectives._state import STATE
+from taco_triton.state import STATE
 from taco_triton.host_audit import audit
 
 KW = {"min_bytes": 0, "backend": "triton"}

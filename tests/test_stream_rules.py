@@ -12,7 +12,7 @@ import time
 import pytest
 
 from taco_triton.collectives import _errors
-from taco_triton.collectives._state import STATE
+from taco_triton.state import STATE
 
 from . import stream_rules_cases as cases
 from .dist_utils import run_ranks
@@ -155,4 +155,4 @@ def test_forwarded_calls_take_the_route_of_their_device(monkeypatch, on_cuda):
     if not on_cuda:
         work.wait()
         assert len(inner.threads) == 1 and inner.threads[0] is not threading.current_thread()
-    _worker.forget(inner)
+    STATE.forget(inner)

@@ -17,7 +17,7 @@ from .. import ops
 from ..config import INPUT_DTYPES, CompressionConfig
 from ..env import check_mode, compress_single_rank
 from . import _driver, _pg, _plan, _steady, _streams, _worker
-from ._state import STATE
+from ..state import STATE
 
 DEFAULT_MIN_BYTES = 1 << 20
 """Messages below this many bytes go through the native collective when the codec runs on a GPU.
@@ -66,6 +66,7 @@ class Call:
         # new object, whose agreements and plans (which hold P and the rank) start afresh
         self.kind, self.op = kind, op
         self.group = self.pg = _pg.carrier(group)
+        STATE.sweep()  # a call that is no repeat: groups destroyed since are forgotten (`State.sweep`)
         config = default_config() if config is None else config
         if not isinstance(config, CompressionConfig):
             raise TypeError(f"config must be a CompressionConfig or None, got {type(config).__name__}")

@@ -26,7 +26,7 @@ import threading
 import torch
 
 from . import _streams
-from ._state import STATE
+from ..state import STATE
 from .work import Pending
 
 _claim = threading.Lock()

@@ -30,13 +30,11 @@ import torch
 import torch.distributed as dist
 
 from ..env import check_mode
+from ..state import STATE
 from . import _pg
 
 TAG = 0x7AC0  # the handshake's messages never match a payload's (tag 0)
 
-# (peer, group object, signature, sending) -> the Handshake of that key's first message: open or
-# failed (and not raised yet), later messages of the key follow it; matched, they go without one.
-_shaken: dict = {}
 
 
 def key(peer: int, group, sig: tuple, sending: bool) -> tuple:
@@ -46,12 +44,12 @@ def key(peer: int, group, sig: tuple, sending: bool) -> tuple:
 
 def needs_handshake(key: tuple, check) -> bool:
     mode = check_mode(check)
-    return mode == "always" or (mode == "first" and key not in _shaken)
+    return mode == "always" or (mode == "first" and key not in STATE.handshakes)
 
 
 def follows(key: tuple):
     """The handshake a message without one of its own must wait for: its key's, unless that matched."""
-    hs = _shaken.get(key)
+    hs = STATE.handshakes.get(key)
     return None if hs is None or hs.matched else hs
 
 
@@ -69,6 +67,7 @@ class Handshake:
     both ends), `outcome()` waits for them once and compares."""
 
     def __init__(self, key: tuple, group, device, nbytes: int):
+        STATE.seen(key[1])
         self.key, self.group = key, group
         self.peer, _, self.sig, self.sending = key
         # (fingerprint, payload bytes): on a mismatch the receiver drains the payload by its size
@@ -80,7 +79,7 @@ class Handshake:
         self._works = None
         self._checked = False
         _pg.guard_exit(self.mine)
-        _shaken[self.key] = self
+        STATE.handshakes[self.key] = self
 
     def post(self) -> None:
         """Post this end's two messages (once)."""
@@ -105,8 +104,8 @@ class Handshake:
     def raised(self) -> None:
         """Its error reached the user on this end: this end's next message of the key shakes hands
         again."""
-        if _shaken.get(self.key) is self:
-            del _shaken[self.key]
+        if STATE.handshakes.get(self.key) is self:
+            del STATE.handshakes[self.key]
 
 
 class Deferred:
@@ -153,9 +152,6 @@ class Deferred:
             w.is_completed() for w in self._works)
 
 
-# (peer, group object) -> deque of the Deferred not posted yet; a thread drains each (`_drain`)
-_queues: dict = {}
-_lock = threading.Lock()
 
 
 def submit(key: tuple, post: Callable[[], tuple], device: torch.device, defer: bool,
@@ -165,8 +161,8 @@ def submit(key: tuple, post: Callable[[], tuple], device: torch.device, defer: b
     None when nothing waits and not `defer`: the caller posts at once. `now` runs at once when
     this starts a queue (what of a deferred operation can be posted before it)."""
     key = key[:2]
-    with _lock:
-        q = _queues.get(key)
+    with STATE.lock:
+        q = STATE.p2p_queues.get(key)
         if q is None and not defer:
             return None
         d = Deferred(post, device)
@@ -175,23 +171,23 @@ def submit(key: tuple, post: Callable[[], tuple], device: torch.device, defer: b
             return d
         if now is not None:
             now()
-        _queues[key] = q = deque([d])
+        STATE.p2p_queues[key] = q = deque([d])  # a thread drains it (`_drain`)
     threading.Thread(target=_drain, args=(key, q), name=f"taco_triton p2p {key[0]}", daemon=True).start()
     return d
 
 
 def waiting(key: tuple) -> bool:
     """Whether operations with the peer of `key` wait in a queue (a new one must queue behind them)."""
-    return key[:2] in _queues
+    return key[:2] in STATE.p2p_queues
 
 
 def _drain(key, q: deque) -> None:
     """Post the queue's operations in order, each once the one before it is posted."""
     broken = None
     while True:
-        with _lock:
+        with STATE.lock:
             if not q:
-                del _queues[key]
+                del STATE.p2p_queues[key]
                 return
             d = q[0]
         if broken is None:
@@ -200,5 +196,5 @@ def _drain(key, q: deque) -> None:
         else:
             d.fail(RuntimeError(f"taco_triton.p2p: not posted, an earlier operation with rank {key[0]} failed: "
                                 f"{broken}"))
-        with _lock:
+        with STATE.lock:
             q.popleft()

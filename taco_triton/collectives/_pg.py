@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..estimate import ring_bytes
+from ..state import STATE
 
 # torch 2.13 renamed the *_tensor collectives (the old names warn); torch 2.11 has only the old.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -163,7 +164,6 @@ def records_as(collective: str):
 
 #: How long the interpreter waits at exit, with the GIL released, once a CPU collective ran.
 EXIT_GRACE_S = 0.05
-_exit_grace_registered = False
 
 
 def _let_gloo_workers_finish() -> None:
@@ -182,10 +182,9 @@ def guard_exit(t: torch.Tensor) -> None:
     releasing the GIL. An exit handler that sleeps `EXIT_GRACE_S`, GIL released, lets the worker
     finish first. Registered once, on the first CPU collective; nothing for CUDA tensors (NCCL).
     """
-    global _exit_grace_registered
-    if not _exit_grace_registered and t.device.type == "cpu":
+    if not STATE.exit_grace and t.device.type == "cpu":
         atexit.register(_let_gloo_workers_finish)
-        _exit_grace_registered = True
+        STATE.exit_grace = True
 
 
 def _nbytes(t: torch.Tensor) -> int:

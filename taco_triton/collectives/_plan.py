@@ -26,7 +26,7 @@ from ..kernels import slots
 from ..layout import WireLayout
 from . import _pg, _streams
 from ._shapes import ALL_GATHER, ALL_TO_ALL, COMPRESS, DECOMPRESS, REDUCE
-from ._state import STATE, Cache
+from ..state import STATE, Cache
 
 #: Sets of reusable wire buffers a Triton plan keeps (one per calling thread and CUDA stream).
 MAX_BUFFER_SETS = 8

@@ -12,7 +12,7 @@ import torch
 
 from ..env import check_mode
 from . import _driver, _pg
-from ._state import STATE
+from ..state import STATE
 
 
 class Steady:

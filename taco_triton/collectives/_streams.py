@@ -22,11 +22,11 @@ import threading
 
 import torch
 
+from ..state import STATE
+
 #: `completion` while a CUDA graph is being captured: every replay writes the call's error record
 #: again, so it is read after a device synchronization and never given back.
 IN_GRAPH = "captured in a CUDA graph"
-
-_comm: dict = {}  # device index -> its communication stream (made by the first async call)
 
 
 # ---------------------------------------------------------------- primitives (replaced by fakes)
@@ -46,13 +46,13 @@ def comm(device: torch.device):
     from torch's default pool, which would run the call on the caller's own stream (no overlap);
     made once, never the stream current when it is made."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _comm.get(index)
+    stream = STATE.comm_streams.get(index)
     if stream is None:
         where = torch.device("cuda", index)
         stream = torch.cuda.Stream(where, priority=-1)
         while stream == torch.cuda.current_stream(where):  # the caller runs on a high-priority pool stream
             stream = torch.cuda.Stream(where, priority=-1)
-        _comm[index] = stream
+        STATE.comm_streams[index] = stream
     return stream
 
 

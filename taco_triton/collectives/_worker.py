@@ -44,6 +44,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..state import STATE
 from . import _pg
 from .work import PendingWork
 
@@ -202,30 +203,20 @@ def _serial_interpreter() -> None:
     grid.__call__ = serial
 
 
-# process group object -> its Worker, held weakly: a worker holds no reference to its group (a job
-# drops its call once run), so a destroyed group is collected and its worker's thread ends
-_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
 def of(pg) -> Worker:
     """The worker of process group object `pg` (made on first use)."""
-    w = _workers.get(pg)
+    w = STATE.workers.get(pg)
     if w is None:
-        with _lock:
-            w = _workers.get(pg)
+        STATE.seen(pg)
+        with STATE.lock:
+            w = STATE.workers.get(pg)
             if w is None:
                 _serial_interpreter()
-                w = _workers[pg] = Worker(f"group {id(pg):#x}")
+                # held weakly: a worker holds no reference to its group (a job drops its call once
+                # run), so a group collected without being destroyed also ends its worker's thread
+                w = STATE.workers[pg] = Worker(f"group {id(pg):#x}")
                 weakref.finalize(pg, w.close)
     return w
-
-
-def forget(pg) -> None:
-    """`pg` is being destroyed: its worker's thread ends after the jobs queued so far."""
-    w = _workers.pop(pg, None)
-    if w is not None:
-        w.close()
 
 
 def running(pg) -> Worker | None:
@@ -233,7 +224,7 @@ def running(pg) -> Worker | None:
     no lock taken; a call that finds None runs inline, which is in order: on this thread, only a
     job queued by another thread can have started since, and calls from several threads on one
     group have no order to keep)."""
-    w = _workers.get(pg)
+    w = STATE.workers.get(pg)
     return w if w is not None and w._pending else None
 
 

@@ -33,7 +33,7 @@ Where each part lives: `_call` (validation, path, signature, agreement, the fron
 three functions below), `_shapes` (each collective's stages, slots and native fallback), `_plan`
 (geometry, tables, prepared launches, buffers, per codec path), `_driver` (the schedule of stages
 over slices and its streams and waits), `_errors` (error records), `_steady` (the steady state),
-`_state` (what is kept between calls, and its eviction rule), `_streams` (CUDA streams and
+`taco_triton.state` (what is kept between calls, and its eviction rule), `_streams` (CUDA streams and
 events), `work` (the Work types), `_pg` (the process-group calls and `WireStats`).
 """
 from __future__ import annotations

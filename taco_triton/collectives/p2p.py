@@ -31,7 +31,7 @@ from ..kernels.slots import salt
 from ..layout import WireLayout
 from . import _errors, _handshake, _pg, _streams
 from ._call import DEFAULT_MIN_BYTES
-from ._state import STATE
+from ..state import STATE
 from .work import Pending, decode_on_wait
 
 __all__ = ["decode_into", "encode", "irecv", "isend", "should_compress", "wire_like"]

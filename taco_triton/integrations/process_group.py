@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import _pg, _streams, _worker, p2p
-from ..collectives._state import STATE
+from ..state import STATE
 from ..collectives import compressed as coll
 from ..collectives.work import PendingWork, all_of, as_work, decode_on_wait
 from ..estimate import ring_bytes
@@ -242,7 +242,6 @@ class CompressingProcessGroup(dist.ProcessGroup):
         STATE.forget(self)
         if self.inner_backend is not None:
             STATE.forget(self._inner)
-            _worker.forget(self._inner)
             if c10d._world.pg_map.get(self._inner) is not None:
                 dist.destroy_process_group(self._inner)
 

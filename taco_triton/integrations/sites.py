@@ -34,15 +34,15 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from ..state import STATE
+
 __all__ = ["KINDS", "SiteTracker", "check_patterns", "current_site", "track_sites", "tracking"]
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "send")
 """The collective names that end a site (what the compressing process group decides for)."""
 
-_forward_stack: list[str] = []
-_backward_site: list = [None, -1]  # [module name, the backward pass (graph task id) that set it]
-_trackers: list[SiteTracker] = []
-_warned: set[tuple[int, str]] = set()
+# What this module tracks lives in `STATE.sites`: the forward stack of module names, the backward
+# site ([module name, the backward pass (graph task id) that set it]), the trackers, the warnings given.
 
 
 def _graph_task() -> int:
@@ -68,9 +68,9 @@ def current_site(kind: str) -> tuple[str, str]:
     """
     task = _graph_task()
     if task != -1:  # a site set by an earlier backward pass is stale
-        module, direction = (_backward_site[0] if _backward_site[1] == task else None), "backward"
+        module, direction = (STATE.sites.backward[0] if STATE.sites.backward[1] == task else None), "backward"
     else:
-        module, direction = (_forward_stack[-1] if _forward_stack else None), "forward"
+        module, direction = (STATE.sites.forward[-1] if STATE.sites.forward else None), "forward"
     return (f"{module}.{kind}" if module else kind), direction
 
 
@@ -80,7 +80,7 @@ def tracking() -> bool:
     Returns:
         True while some `track_sites` tracker is installed.
     """
-    return bool(_trackers)
+    return bool(STATE.sites.trackers)
 
 
 def _owns_parameters(name: str, module: torch.nn.Module) -> bool:
@@ -111,8 +111,8 @@ class SiteTracker:
         for h in self._handles:
             h.remove()
         self._handles = []
-        if self in _trackers:
-            _trackers.remove(self)
+        if self in STATE.sites.trackers:
+            STATE.sites.trackers.remove(self)
 
     def __enter__(self) -> SiteTracker:
         return self
@@ -160,20 +160,20 @@ def track_sites(model: torch.nn.Module, *, include: Callable[[str, torch.nn.Modu
 
     def pre(name):
         def hook(module, args):
-            if not _forward_stack:
+            if not STATE.sites.forward:
                 hooked.clear()
-            _forward_stack.append(name)
+            STATE.sites.forward.append(name)
         return hook
 
     def post(name):
         def set_backward_site(*_):
-            _backward_site[:] = [name, _graph_task()]
+            STATE.sites.backward[:] = [name, _graph_task()]
 
         def hook(module, args, out):
-            if _forward_stack and _forward_stack[-1] == name:
-                _forward_stack.pop()
-            elif name in _forward_stack:  # drop what an inner module left (e.g. hooks removed mid-forward)
-                del _forward_stack[len(_forward_stack) - 1 - _forward_stack[::-1].index(name):]
+            if STATE.sites.forward and STATE.sites.forward[-1] == name:
+                STATE.sites.forward.pop()
+            elif name in STATE.sites.forward:  # drop what an inner module left (e.g. hooks removed mid-forward)
+                del STATE.sites.forward[len(STATE.sites.forward) - 1 - STATE.sites.forward[::-1].index(name):]
             if torch.is_grad_enabled():
                 for t in _tensors(out):
                     node = t.grad_fn
@@ -186,7 +186,7 @@ def track_sites(model: torch.nn.Module, *, include: Callable[[str, torch.nn.Modu
         tracker._handles.append(module.register_forward_pre_hook(pre(name)))
         # always_call: a forward that raises still leaves the stack as it found it
         tracker._handles.append(module.register_forward_hook(post(name), always_call=True))
-    _trackers.append(tracker)
+    STATE.sites.trackers.append(tracker)
     for policy in policies:
         check_patterns(policy, tracker.sites())
     return tracker
@@ -215,14 +215,14 @@ def check_patterns(policy, sites: list[str] | None = None) -> list[str]:
         The unmatched patterns.
     """
     if sites is None:
-        sites = sorted({s for t in _trackers for s in t.sites()}) or list(KINDS)
+        sites = sorted({s for t in STATE.sites.trackers for s in t.sites()}) or list(KINDS)
     sites = [*sites, "p2p"]
     patterns = list(getattr(policy, "exempt", ())) + list(dict(getattr(policy, "overrides", {}) or {}))
     unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(s, p) for s in sites)]
     for p in unmatched:
-        if (id(policy), p) not in _warned:
-            _warned.add((id(policy), p))
-            tracked = "no module is tracked (taco_triton.integrations.sites.track_sites)" if not _trackers else \
+        if (id(policy), p) not in STATE.sites.warned:
+            STATE.sites.warned.add((id(policy), p))
+            tracked = "no module is tracked (taco_triton.integrations.sites.track_sites)" if not STATE.sites.trackers else \
                 f"{len(sites)} sites are known, e.g. {sites[0]!r}"
             warnings.warn(f"CompressionPolicy pattern {p!r} matches no communication site ({tracked}); "
                           "it has no effect", stacklevel=3)

@@ -32,6 +32,7 @@ import torch
 
 from ..config import CompressionConfig
 from ..env import autotune_mode, interpreting
+from ..state import STATE
 
 
 @dataclass(frozen=True)
@@ -196,13 +197,10 @@ def forced(params: dict):
 # The tuned-parameter lookup, (kernel, device, dtype, config, numel) -> params or None. The autotune
 # runtime registers it when imported (`import taco_triton` does that): the tuner imports the kernels
 # to time them, so the kernels never import the tuner. None registered: the heuristic.
-_tuned_lookup = None
-
-
 def register_tuned_lookup(lookup) -> None:
-    """Make `launch_params` ask `lookup(kernel, device, dtype, config, numel)` on GPUs (None: don't)."""
-    global _tuned_lookup
-    _tuned_lookup = lookup
+    """Make `launch_params` ask `lookup(kernel, device, dtype, config, numel)` on GPUs (None: don't);
+    kept in `STATE.tuned_lookup`."""
+    STATE.tuned_lookup = lookup
 
 
 def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config: CompressionConfig, numel: int,
@@ -218,7 +216,8 @@ def launch_params(kernel: str, device: torch.device, dtype: torch.dtype, config:
         autotune_mode()  # unused here, but a TACO_AUTOTUNE typo raises on every backend, not only on GPUs
         found = heuristic(base, config, backend)
     else:
-        found = _tuned_lookup(base, device, dtype, config, numel) if _tuned_lookup is not None else None
+        lookup = STATE.tuned_lookup
+        found = lookup(base, device, dtype, config, numel) if lookup is not None else None
         # a ROCm build of torch drives AMD GPUs only: no device query needed for the backend
         if found is None:
             found = heuristic(base, config, "hip" if torch.version.hip is not None else "cuda")
@@ -245,8 +244,6 @@ class ShapedPointer:
 
 #: In the interpreter a small grid still makes programs loop over several tiles (tested that way).
 INTERPRETER_PROGRAMS = 3
-# (kernel, constexprs and options, device index) -> programs that stay resident on one SM.
-_RESIDENT: dict = {}
 
 
 def _resident_per_sm(compiled, index: int) -> int:
@@ -335,10 +332,10 @@ class Launch:
             return (max(1, min(self.n_tiles, INTERPRETER_PROGRAMS)),)
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         key = (self.fn, tuple(sorted((k, str(v)) for k, v in self.meta.items())), index)
-        per_sm = _RESIDENT.get(key)
+        per_sm = STATE.resident.get(key)
         if per_sm is None:
             compiled = self.fn.warmup(*self.args.values(), grid=(1,), **self.meta)
-            per_sm = _RESIDENT[key] = _resident_per_sm(compiled, index)
+            per_sm = STATE.resident[key] = _resident_per_sm(compiled, index)
         return (max(1, min(self.n_tiles, per_sm * multiprocessors(index))),)
 
     def run(self):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..layout import WireLayout
+from ..state import STATE
 from ._tables import SB_PER_TILE, TILE_ELEMS
 
 #: Fields of a descriptor row (int64): where the slot's piece is and how it is laid out.
@@ -76,9 +77,6 @@ def salted(config, *values: int):
     return config.replace(seed=salt(config.seed, *values)) if config.stochastic else config
 
 
-_seed_counters: dict = {}
-
-
 def seed_counter(device: torch.device) -> torch.Tensor:
     """The int64 counter on `device` that the stochastic seeds of calls captured in a CUDA graph
     are salted with on the device (the kernels' `seq_ptr`): each such call adds 1 to it, on the
@@ -86,9 +84,9 @@ def seed_counter(device: torch.device) -> torch.Tensor:
     generators advance their offset. Made once per device (before any capture) and kept, since
     graphs hold its address."""
     key = (device.type, device.index)
-    counter = _seed_counters.get(key)
+    counter = STATE.seed_counters.get(key)
     if counter is None:
-        counter = _seed_counters[key] = torch.zeros(1, dtype=torch.int64, device=device)
+        counter = STATE.seed_counters[key] = torch.zeros(1, dtype=torch.int64, device=device)
     return counter
 
 
