@@ -308,10 +308,11 @@ def build_launch(v: Variant, gpu: GPU):
 
         return DecompressOp(cfg, None, target, lambda *_: params).dense_launches(
             u8, f32, scale_b, P(DTYPES[v.dtype]), numel, split=False)[0]
+    from taco_triton.kernels import slots
     from taco_triton.kernels.reduce import ReduceOp
 
     lay = WireLayout.of(numel, cfg)
-    stride = lay.nbytes + (-lay.nbytes) % 16
+    stride = slots.round_up(lay.nbytes, slots.ALIGN)  # reduce_triton's rows, 16-byte aligned
     strides = (stride, stride // 4, stride if cfg.scales == "dual" else stride // 4)
     dense = v.kernel == "reduce_dense"
     out = P(DTYPES[v.dtype]) if dense else u8

@@ -85,6 +85,7 @@ from taco_triton.compressed import Compressed  # noqa: E402
 from taco_triton.config import (  # noqa: E402
     CODECS, GROUP_SIZES, ROUNDINGS, SCALE_MODES, SUPERBLOCK_ELEMS, CompressionConfig)
 from taco_triton.env import interpreting  # noqa: E402
+from taco_triton.kernels import slots  # noqa: E402
 from taco_triton.kernels._tables import SB_PER_TILE  # noqa: E402
 from taco_triton.layout import WireLayout  # noqa: E402
 
@@ -157,7 +158,7 @@ def rank_buffers(numel: int, cfg: CompressionConfig, dtype: torch.dtype, ranks: 
     """[ranks, stride] uint8: the reference's wire buffers of `ranks` distinct inputs (stride a
     multiple of 16, zero padding), as the collectives hand them to the reduce."""
     layout = WireLayout.of(numel, cfg)
-    bufs = torch.zeros(ranks, -(-layout.nbytes // 16) * 16, dtype=torch.uint8)
+    bufs = torch.zeros(ranks, slots.round_up(layout.nbytes, slots.ALIGN), dtype=torch.uint8)
     for p in range(ranks):
         bufs[p, : layout.nbytes] = reference.compress_reference(make_input(numel, dtype, seed + p, subnormals), cfg)
     return bufs

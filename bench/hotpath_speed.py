@@ -50,7 +50,9 @@ def _aot():
 
 
 def _put(buf: torch.Tensor, at: int, tag: int) -> None:
-    buf[at : at + 4] = torch.tensor(list(tag.to_bytes(4, "little")), dtype=torch.uint8, device=buf.device)
+    from taco_triton.kernels import slots
+
+    buf[at : at + slots.TAG_BYTES] = torch.tensor(list(slots.tag_bytes(tag)), dtype=torch.uint8, device=buf.device)
 
 
 def prepared(aot, hv, device: torch.device) -> list[dict]:

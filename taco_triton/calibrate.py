@@ -31,6 +31,7 @@ from typing import Iterable, Sequence
 import torch
 
 from .config import CODECS, GROUP_SIZES, SUPERBLOCK_ELEMS, CompressionConfig
+from .kernels import slots
 
 # The public names; measure, merge and choose are the steps `CompressionPolicy` runs across ranks.
 __all__ = ["HELD_OUT_Z", "PIECE_ELEMS", "TABLE_COLUMNS", "CalibrationResult", "calibrate", "default_candidates"]
@@ -117,7 +118,7 @@ def as_sent(cfg: CompressionConfig, call: int) -> CompressionConfig:
     with its own seed, never all with one."""
     if not cfg.stochastic:
         return cfg
-    return cfg.replace(seed=(cfg.seed * 1_000_003 + call + 0x9E3779B9) % 2**31)
+    return cfg.replace(seed=slots.salt(cfg.seed, call))
 
 
 def relative_l2(x: torch.Tensor, y: torch.Tensor) -> float:

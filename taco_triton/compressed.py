@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from .config import CODECS, ROUNDINGS, SCALE_MODES, SUPERBLOCK_ELEMS, CompressionConfig
+from .kernels import slots
 from .layout import WireLayout
 from .reference import unpack_codes
 
@@ -167,7 +168,7 @@ class Compressed(NamedTuple):
         d = self.data
         if torch.compiler.is_compiling():  # traced graphs hold tensors the compiler allocated (aligned)
             return self
-        if d.dim() == 1 and d.is_contiguous() and d.data_ptr() % 16 == 0:
+        if d.dim() == 1 and d.is_contiguous() and d.data_ptr() % slots.ALIGN == 0:
             return self
         return self._replace(data=d.clone(memory_format=torch.contiguous_format))
 

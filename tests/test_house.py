@@ -115,3 +115,38 @@ def test_the_state_reader_finds_module_state(tmp_path):
     f.write_text("import weakref\n__all__ = []\nA = (1, 2)\n_cache: dict = {}\n_w = weakref.WeakKeyDictionary()\n"
                  "TABLE = {1: 2}\n_MEMO = {}\n\ndef f(k):\n    global A\n    _MEMO[k] = TABLE[k]\n")
     assert module_state(f) == ["4: _cache", "5: _w", "7: _MEMO", "10: global A"]
+
+
+# ---------------------------------------------------------------------------- the wire's facts
+SLOTS_HOME = {"taco_triton/kernels/slots.py"}
+FACTS = {
+    "tag width": r"to_bytes\(\s*4\b|int\.from_bytes\(|arange\(0,\s*4\)|<\s*4\s*,\s*\(tag",
+    "salt formula": r"0x9E3779B9|2654435769|2147483648",  # its addend and modulus (the multiplier is a common prime)
+    "vector unit": r"%\s*16\b|multiple_of\([^()]*(\([^()]*\))?[^()]*,\s*16\)|//\s*16\)\s*\*\s*16",
+    "tag hash": r"crc32\(struct\.pack",
+}
+
+
+@pytest.mark.parametrize("fact", sorted(FACTS))
+def test_each_fact_of_the_wire_has_one_home(fact):
+    """The tag width, the stochastic salt, the 16-element vector unit (and 16-byte slot alignment)
+    and the tag's CRC live in `kernels/slots.py` (host) and reach the kernels as `_slot_io`'s
+    constexprs made from them."""
+    found = offenders(FACTS[fact], SLOTS_HOME)
+    assert not found, found
+
+
+@pytest.mark.parametrize("fact, line", [
+    ("tag width", '    list(self.tag.to_bytes(4, "little"))'),
+    ("tag width", "    i = tl.arange(0, 4)"),
+    ("salt formula", "    return (h.to(tl.int64) * 1000003 + s + 2654435769) % 2147483648"),
+    ("salt formula", "cfg.replace(seed=(cfg.seed * 1_000_003 + call + 0x9E3779B9) % 2**31)"),
+    ("vector unit", "    if numel % 16 == 0 or numel < TILE_ELEMS:"),
+    ("vector unit", "slot = out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16)"),
+    ("vector unit", "    return (v // 16) * 16"),
+    ("tag hash", '    return struct.pack("<I", zlib.crc32(struct.pack(f"<I{len(where)}q", fp, *where)))'),
+], ids=lambda v: v.strip()[:24].replace(" ", "_"))
+def test_the_fact_reader_finds_the_copies_that_were_there(fact, line):
+    """Each pattern matches the copies the code held before each fact got one home (p2p's tag
+    bytes, the kernels' salt and tag literals, calibrate's salt, the aligned-split check)."""
+    assert re.search(FACTS[fact], line)

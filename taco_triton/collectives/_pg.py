@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import struct
 import threading
 import time
 import zlib
@@ -250,11 +249,6 @@ def carrier(group):
 def fingerprint(signature: tuple) -> int:
     """A 32-bit digest of a call's signature (what every rank must agree on)."""
     return zlib.crc32(repr(signature).encode())
-
-
-def tag(fp: int, *where: int) -> bytes:
-    """The 4 bytes carried after each message slot: the call's fingerprint and the slot's place."""
-    return struct.pack("<I", zlib.crc32(struct.pack(f"<I{len(where)}q", fp, *where)))
 
 
 def agree(what: str, signature: tuple, device, group) -> None:

@@ -24,7 +24,7 @@ from .. import ops
 from ..config import SUPERBLOCK_ELEMS
 from ..kernels import slots
 from ..layout import WireLayout
-from . import _pg, _streams
+from . import _streams
 from ._shapes import ALL_GATHER, ALL_TO_ALL, COMPRESS, DECOMPRESS, REDUCE
 from ..state import STATE, Cache
 
@@ -104,8 +104,9 @@ class Plan:
         self.comms = tuple(st.comm for st in shape.stages)
         self.schedule = None  # the (stage, slice) order the driver runs (`_driver.order`)
 
-    def tag(self, stage: int, k: int, j: int) -> bytes:
-        return _pg.tag(self.fp, stage, k, j)
+    def tag(self, stage: int, k: int, j: int) -> int:
+        """The tag of slot j of slice k in the process-group call of `stage` (`slots.tag`)."""
+        return slots.tag(self.fp, stage, k, j)
 
     def table_rows(self) -> list:
         """Every slice's descriptor rows (host ints), [slice][0] the slots this rank compresses,
@@ -142,7 +143,7 @@ class Plan:
             dense_reduce = self.shape.dense_reduce
             reduce = ReduceOp(cfg, device, target, params).slots_launch(
                 b.rows, sl.strides[rank], p, dense if dense_reduce else b.own, sl.lays[rank].numel, self.scale,
-                dense_reduce, err, _tag_int(self.tag(0, k, rank)), _tag_int(self.tag(1, k, rank)), sl.slot,
+                dense_reduce, err, self.tag(0, k, rank), self.tag(1, k, rank), sl.slot,
                 self.inf_above, graph_seeds)
         if DECOMPRESS in steps:
             from ..kernels.decompress import DecompressOp
@@ -265,19 +266,14 @@ class TritonPlan(Plan):
     def error(self, record) -> ValueError:
         k, src, got, want, seq = record
         return ValueError(
-            f"taco_triton.{self.kind} (call {seq}): slice {k} from rank {src} carries tag {got.to_bytes(4, 'little').hex()}, "
-            f"this rank expected {want.to_bytes(4, 'little').hex()} for {self.signature}: the ranks issued different "
+            f"taco_triton.{self.kind} (call {seq}): slice {k} from rank {src} carries tag {slots.tag_hex(got)}, "
+            f"this rank expected {slots.tag_hex(want)} for {self.signature}: the ranks issued different "
             "collectives (config, size, dtype, op, pipeline or order differ); the outputs it fed are NaN"
         )
 
 
-def _tag_int(tag: bytes) -> int:
-    return int.from_bytes(tag, "little")
-
-
 def _put_tag(buf: torch.Tensor, at: int, tag: int) -> None:
-    buf[at : at + slots.TAG_BYTES] = torch.frombuffer(bytearray(tag.to_bytes(4, "little")),
-                                                      dtype=torch.uint8).to(buf.device)
+    buf[at : at + slots.TAG_BYTES] = torch.frombuffer(bytearray(slots.tag_bytes(tag)), dtype=torch.uint8).to(buf.device)
 
 
 class ReferencePlan(Plan):
@@ -292,12 +288,11 @@ class ReferencePlan(Plan):
         """Check the tag after each received slot: a message from another call, slice or
         signature raises ValueError instead of being decoded."""
         for r, (n, want) in enumerate(zip(nbytes, expected)):
-            got = bytes(rows[r, n : n + slots.TAG_BYTES].cpu().numpy().tobytes())
-            want = want.to_bytes(4, "little")
+            got = slots.tag_of(rows[r, n : n + slots.TAG_BYTES])
             if got != want:
                 raise ValueError(
-                    f"taco_triton.{self.kind}: slice {k} from rank {r} carries tag {got.hex()}, this rank "
-                    f"expected {want.hex()} for {self.signature}: the ranks issued different collectives "
+                    f"taco_triton.{self.kind}: slice {k} from rank {r} carries tag {slots.tag_hex(got)}, this rank "
+                    f"expected {slots.tag_hex(want)} for {self.signature}: the ranks issued different collectives "
                     "(config, size, dtype, op, pipeline or order differ)"
                 )
 
@@ -326,7 +321,7 @@ class ReferencePlan(Plan):
         (reduce_scatter) or requantized into this rank's slot, tagged (all_reduce)."""
         cfg, p, rank = self.config, self.p, self.rank
         lay = self.slices[k].lays[rank]
-        self.verify(b.rows, [lay.nbytes] * p, [_tag_int(self.tag(0, k, rank))] * p, k)
+        self.verify(b.rows, [lay.nbytes] * p, [self.tag(0, k, rank)] * p, k)
         if self.shape.dense_reduce:
             if lay.numel:
                 ops.reduce_into(b.rows, lay.numel, cfg, self.scale, dense_out=b.dense_of(dst), backend=self.backend,
@@ -335,7 +330,7 @@ class ReferencePlan(Plan):
         if lay.nbytes:
             ops.reduce_into(b.rows, lay.numel, slots.salted(cfg, p + rank, seq), self.scale, out=b.own[: lay.nbytes],
                             backend=self.backend)
-        _put_tag(b.own, lay.nbytes, _tag_int(self.tag(1, k, rank)))
+        _put_tag(b.own, lay.nbytes, self.tag(1, k, rank))
         return b.own
 
     def _decompress(self, src, dst, seq, k, b):

@@ -20,7 +20,7 @@ all_gather, decompress every chunk (its own too, so every rank ends bitwise iden
 reduce_scatter is its first half with a dense reduce; all_gather compresses the local shard once.
 A new collective is one more shape here and a public function in `compressed`.
 
-Tags: every slot carries `_pg.tag(fingerprint, space, slice, slot)`, where the space is the
+Tags: every slot carries `slots.tag(fingerprint, space, slice, slot)`, where the space is the
 process-group call that moves it: slot j of the all_to_all carries (0, k, j) and goes to rank j;
 the slot rank r sends in an all_gather carries (1, k, r).
 """
@@ -127,14 +127,10 @@ def _check_pair(kind: str, big_name: str, big, small, p: int) -> None:
         )
 
 
-def _tag_int(tag: bytes) -> int:
-    return int.from_bytes(tag, "little")
-
-
 def _to_every_rank(plan, k: int, sl) -> Slots:
     """Slot j of the all_to_all: piece j of every chunk, for rank j."""
     p = plan.p
-    return Slots(sl.piece, sl.lays, sl.offsets, sl.strides, [_tag_int(plan.tag(0, k, j)) for j in range(p)],
+    return Slots(sl.piece, sl.lays, sl.offsets, sl.strides, [plan.tag(0, k, j) for j in range(p)],
                  list(range(p)))
 
 
@@ -188,7 +184,7 @@ class AllReduce(Shape):
         """Slot j of the all_gather: rank j's reduced piece of every chunk."""
         p = plan.p
         return Slots(sl.piece, sl.lays, [j * sl.slot for j in range(p)], [sl.slot] * p,
-                     [_tag_int(plan.tag(1, k, j)) for j in range(p)], list(range(p)))
+                     [plan.tag(1, k, j) for j in range(p)], list(range(p)))
 
 
 class ReduceScatter(Shape):
@@ -240,14 +236,14 @@ class AllGather(Shape):
     def send_slots(self, plan, k: int, sl) -> Slots:
         """This rank's piece of its shard in one slot, for every rank."""
         rank = plan.rank
-        return Slots(sl.piece, sl.lays, [0], [sl.slot], [_tag_int(plan.tag(1, k, rank))], [rank])
+        return Slots(sl.piece, sl.lays, [0], [sl.slot], [plan.tag(1, k, rank)], [rank])
 
     def gathered_slots(self, plan, k: int, sl) -> Slots:
         """Slot j: rank j's piece, which goes to its shard of the output."""
         p, m = plan.p, plan.chunk_numel
         (a, b), = sl.piece
         return Slots([(j * m + a, j * m + b) for j in range(p)], sl.lays * p, [j * sl.slot for j in range(p)],
-                     [sl.slot] * p, [_tag_int(plan.tag(1, k, j)) for j in range(p)], list(range(p)))
+                     [sl.slot] * p, [plan.tag(1, k, j) for j in range(p)], list(range(p)))
 
 
 ALL_REDUCE_SHAPE, REDUCE_SCATTER_SHAPE, ALL_GATHER_SHAPE = AllReduce(), ReduceScatter(), AllGather()

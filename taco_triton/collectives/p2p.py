@@ -67,7 +67,7 @@ def signature(tensor: torch.Tensor, config: CompressionConfig | None) -> tuple:
 
 
 def _tag(sig: tuple) -> int:
-    return int.from_bytes(_pg.tag(_pg.fingerprint(sig), 0), "little")
+    return slots.tag(_pg.fingerprint(sig), 0)
 
 
 class _Message:
@@ -96,7 +96,7 @@ class _Message:
                 ops.compress_into(flat, self.config.replace(seed=seed) if self.config.stochastic else self.config,
                                   wire[: self.layout.nbytes], self.backend)
             wire[self.layout.nbytes : self.layout.nbytes + slots.TAG_BYTES] = torch.tensor(
-                list(self.tag.to_bytes(4, "little")), dtype=torch.uint8, device=flat.device)
+                list(slots.tag_bytes(self.tag)), dtype=torch.uint8, device=flat.device)
             return wire
         if self._encode is None:  # with stochastic rounding also the launch CUDA graphs capture
             self._encode = self._encode_launch(flat, wire, False)
@@ -119,8 +119,7 @@ class _Message:
         """Check the tag and decompress: on the Triton path returns the message's error record as
         watched (`handle`: a receive's Work owns its error); the reference path raises at once."""
         if self.backend != "triton":
-            got = int.from_bytes(bytes(wire[self.layout.nbytes : self.layout.nbytes + slots.TAG_BYTES].cpu().tolist()),
-                                 "little")
+            got = slots.tag_of(wire[self.layout.nbytes : self.layout.nbytes + slots.TAG_BYTES])
             if got != self.tag:
                 flat.fill_(float("nan"))  # as the Triton path: the tensor never holds a garbage decode
                 raise _mismatch(self.sig, got, self.tag)
@@ -144,8 +143,8 @@ class _Message:
 
 def _mismatch(sig, got: int, want: int) -> ValueError:
     return ValueError(
-        f"taco_triton.p2p: the received message carries tag {got.to_bytes(4, 'little').hex()}, this rank expected "
-        f"{want.to_bytes(4, 'little').hex()} for {sig}: sender and receiver disagree on (size, dtype, config); "
+        f"taco_triton.p2p: the received message carries tag {slots.tag_hex(got)}, this rank expected "
+        f"{slots.tag_hex(want)} for {sig}: sender and receiver disagree on (size, dtype, config); "
         "the tensor received NaN"
     )
 

@@ -23,21 +23,27 @@ TAG: tl.constexpr = tl.constexpr(slots.TAG)
 SRC: tl.constexpr = tl.constexpr(slots.SRC)
 FAST_TILES: tl.constexpr = tl.constexpr(slots.FAST_TILES)
 DESC: tl.constexpr = tl.constexpr(slots.DESC)
+TAG_BYTES: tl.constexpr = tl.constexpr(slots.TAG_BYTES)
+ALIGN: tl.constexpr = tl.constexpr(slots.ALIGN)
+VECTOR_ELEMS: tl.constexpr = tl.constexpr(slots.VECTOR_ELEMS)
+SALT_MUL: tl.constexpr = tl.constexpr(slots.SALT_MUL)
+SALT_ADD: tl.constexpr = tl.constexpr(slots.SALT_ADD)
+SALT_MOD: tl.constexpr = tl.constexpr(slots.SALT_MOD)
 
 
 @triton.jit
 def salt_in_kernel(h, s):
     """`salt(h, s)` on the device (h < 2^31, so the int64 product cannot overflow)."""
-    return (h.to(tl.int64) * 1000003 + s + 2654435769) % 2147483648
+    return (h.to(tl.int64) * SALT_MUL + s + SALT_ADD) % SALT_MOD
 
 
 @triton.jit
 def write_tag(slot_ptr, nbytes, end, tag):
-    """The 4 tag bytes (little endian) at slot_ptr + nbytes, then zeros up to `end`, so no
+    """The TAG_BYTES tag bytes (little endian) at slot_ptr + nbytes, then zeros up to `end`, so no
     uninitialised byte goes on the wire."""
     i = tl.arange(0, 32)
     pos = nbytes + i
-    val = tl.where(i < 4, (tag >> (8 * i).to(tl.int64)) & 0xFF, 0)
+    val = tl.where(i < TAG_BYTES, (tag >> (8 * i).to(tl.int64)) & 0xFF, 0)
     tl.store(slot_ptr + pos, val.to(tl.uint8), mask=pos < end)
     z = tl.arange(0, 1024)
     for s in range(nbytes + 32, end, 1024):  # a short last chunk's slot in a longer one's stride
@@ -46,8 +52,8 @@ def write_tag(slot_ptr, nbytes, end, tag):
 
 @triton.jit
 def read_tag(slot_ptr, nbytes):
-    """The 4-byte little-endian tag at slot_ptr + nbytes, as int64."""
-    i = tl.arange(0, 4)
+    """The TAG_BYTES-byte little-endian tag at slot_ptr + nbytes, as int64."""
+    i = tl.arange(0, TAG_BYTES)
     b = tl.load(slot_ptr + nbytes + i).to(tl.int64)
     return tl.sum(b << (8 * i).to(tl.int64), axis=0)
 
@@ -64,11 +70,11 @@ def record_error(err_ptr, k, src, got, want, seq):
 
 
 @triton.jit
-def aligned16(v):
-    """`v` rounded down to a multiple of 16 (16 * (v // 16)), which the compiler can see is one: an
+def aligned_vec(v):
+    """`v` rounded down to a multiple of VECTOR_ELEMS, which the compiler can see is one: an
     element offset or count equal to `v` on the tiles that take the vector path of a launch with
     two paths (`slots.two_paths`, `slots.fast_tiles`), so their accesses keep 16-byte vectors."""
-    return (v // 16) * 16
+    return (v // VECTOR_ELEMS) * VECTOR_ELEMS
 
 
 @triton.jit

@@ -28,7 +28,8 @@ from ._common import (
     zeroes_dead_rows,
     to_out_dtype,
 )
-from ._slot_io import aligned16
+from . import slots
+from ._slot_io import aligned_vec
 from ._tables import TILE_ELEMS
 
 
@@ -45,7 +46,7 @@ def aligned_split(numel: int) -> int:
     so every tile, its masks and its stochastic random stream are those of one launch over
     everything: the bytes are the same. Aligned sizes and sizes under one tile: 0.
     """
-    if numel % 16 == 0 or numel < TILE_ELEMS:
+    if numel % slots.VECTOR_ELEMS == 0 or numel < TILE_ELEMS:
         return 0
     return numel // TILE_ELEMS * TILE_ELEMS
 
@@ -76,7 +77,7 @@ def tile_rows(tile, n_groups, ROWS: tl.constexpr, G: tl.constexpr):
 def load_dense(base, off, offs, numel, fast, SPLIT: tl.constexpr):
     """A tile's dense input at base + off + offs (0 past numel). SPLIT (a slotted launch with two
     paths per tile, `slots.two_paths`, or the tagged dense reduce's): where `fast`, the same address and mask written with
-    `aligned16`, so the compiler sees multiples of 16 elements and keeps 16-byte vector loads.
+    `aligned_vec`, so the compiler sees multiples of 16 elements and keeps 16-byte vector loads.
     Only the load is on the branch: the tile's math is one copy (two inlined copies of the tile
     raised registers from 136 to 198 on gfx942, by bench/aot.py). The rounding is done inside
     the branch, not before it: two arms of the same operations on different values are merged
@@ -84,7 +85,7 @@ def load_dense(base, off, offs, numel, fast, SPLIT: tl.constexpr):
     no known alignment, and both arms then load element by element."""
     if SPLIT:
         if fast:
-            x = tl.load(base + aligned16(off) + offs, mask=offs < aligned16(numel), other=0.0)
+            x = tl.load(base + aligned_vec(off) + offs, mask=offs < aligned_vec(numel), other=0.0)
         else:
             x = tl.load(base + off + offs, mask=offs < numel, other=0.0)
     else:
@@ -220,7 +221,7 @@ def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr, O
     v = to_out_dtype(c, out_ptr, HW)
     if SPLIT:
         if fast:
-            tl.store(out_ptr + aligned16(off) + offs, v, mask=offs < aligned16(numel))
+            tl.store(out_ptr + aligned_vec(off) + offs, v, mask=offs < aligned_vec(numel))
         else:
             tl.store(out_ptr + off + offs, v, mask=offs < numel)
     else:

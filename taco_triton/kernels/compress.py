@@ -24,6 +24,7 @@ from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, load_dense, quantize_store, taco_prescale, tile_rows
 from ._slot_io import (
     A_OFF,
+    ALIGN,
     B_OFF,
     DESC,
     N_GROUPS,
@@ -129,13 +130,13 @@ def _compress_slots_kernel(
     nprog = tl.num_programs(0)
     for j in range(pid, n_chunks, nprog):  # each slot's tag and padding, by one program
         d = desc_ptr + j * DESC
-        write_tag(out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16), tl.load(d + NBYTES), tl.load(d + SLOT_END),
+        write_tag(out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), ALIGN), tl.load(d + NBYTES), tl.load(d + SLOT_END),
                   tl.load(d + TAG))
     for g in range(pid, n_tiles, nprog):  # tile g of the launch: tile g - TILE_BASE of its slot
         j = slot_of(desc_ptr, n_chunks, g, MAX_SLOTS)
         d = desc_ptr + j * DESC
         t = g - tl.load(d + TILE_BASE)
-        slot = out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
+        slot = out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), ALIGN)  # slots are 16-byte aligned
         a_ptr = (slot + tl.multiple_of(tl.load(d + A_OFF), 4)).to(tl.pointer_type(tl.float32))
         b_ptr = slot + tl.load(d + B_OFF)
         if not DUAL:

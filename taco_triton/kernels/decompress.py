@@ -24,6 +24,7 @@ from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, check_inf_above, load_scales, pin_rows, store_dense, tile_rows
 from ._slot_io import (
     A_OFF,
+    ALIGN,
     B_OFF,
     DESC,
     N_GROUPS,
@@ -124,13 +125,13 @@ def _decompress_slots_kernel(
     if tl.program_id(0) == 0:  # the error record: the last slot whose tag differs, as the host reads it
         for j in range(n_chunks):
             d = desc_ptr + j * DESC
-            got = read_tag(data_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16), tl.load(d + NBYTES))
+            got = read_tag(data_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), ALIGN), tl.load(d + NBYTES))
             if got != tl.load(d + TAG):
                 record_error(err_ptr, k, tl.load(d + SRC), got, tl.load(d + TAG), seq)
     for g in range(tl.program_id(0), n_tiles, tl.num_programs(0)):  # as `_compress_slots_kernel`
         j = slot_of(desc_ptr, n_chunks, g, MAX_SLOTS)
         d = desc_ptr + j * DESC
-        slot = data_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), 16)  # slots are 16-byte aligned
+        slot = data_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), ALIGN)  # slots are 16-byte aligned
         bad = read_tag(slot, tl.load(d + NBYTES)) != tl.load(d + TAG)
         a_ptr = (slot + tl.multiple_of(tl.load(d + A_OFF), 4)).to(tl.pointer_type(tl.float32))
         b_ptr = slot + tl.load(d + B_OFF)

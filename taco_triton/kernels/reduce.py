@@ -156,7 +156,7 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
         **codec_constexprs(config.spec, *code_addresses), **encoder_constexprs(config.spec),
         HADAMARD=config.hadamard, DUAL=config.scales == "dual", ROUND=int(STOCHASTIC) if config.stochastic else 0,
         DENSE=dense, OVERFLOW=inf_above != math.inf, TAGGED=tags is not None, SCALED=scale != 1.0,
-        SPLIT=dense and tags is not None and numel % 16 != 0 and numel > TILE_ELEMS,
+        SPLIT=dense and tags is not None and numel % slots.VECTOR_ELEMS != 0 and numel > TILE_ELEMS,
     )
     errors, tag_in, tag_out, tag_end = (target_out, 0, 0, 0) if tags is None else tags
     return Launch(_reduce_kernel, n_tiles, dict(

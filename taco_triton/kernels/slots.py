@@ -7,7 +7,7 @@ descriptor table, one int64 row per slot, built once per call signature and kept
 device, so one launch handles every slot and the host builds nothing per call.
 
 The tag after a slot is the sender's fingerprint of the call and the slot's place in it
-(`collectives._pg.tag`). The kernels that read a slot compare its tag with the expected one on
+(`tag`). The kernels that read a slot compare its tag with the expected one on
 the device: a mismatch makes that slot's outputs NaN and writes the call's error record, a small
 host-visible buffer (`ErrorRecord`, one per call in flight), which the host reads later without
 blocking.
@@ -17,6 +17,9 @@ a CPU user sets TRITON_INTERPRET before the kernels are decorated); the device s
 fields as constexprs and the tag helpers, is `_slot_io.py`.
 """
 from __future__ import annotations
+
+import struct
+import zlib
 
 import torch
 
@@ -41,14 +44,18 @@ SRC = 12       # the rank (or chunk) the slot belongs to, for errors
 FAST_TILES = 13  # the slot's leading tiles that take the kernels' vector path (`fast_tiles`)
 DESC = 16
 
-#: Bytes of the tag after a slot's wire bytes (the sender's fingerprint of the call and the slot).
+#: Bytes of the tag after a slot's wire bytes (the sender's fingerprint of the call and the slot):
+#: a CRC-32, little endian (`tag`, `tag_bytes`).
 TAG_BYTES = 4
 #: Every slot starts ALIGN-byte aligned (16-byte vector loads, FP32 scale views).
 ALIGN = 16
+#: Elements per vector access of the batched kernels: a piece that starts at and holds multiples
+#: of it keeps vector loads and stores (`elem_align`, `fast_tiles`, `_tile.aligned_split`).
+VECTOR_ELEMS = 16
 #: Fields of an error record: set, slice, source rank, tag found, tag expected, call number.
 ERR_FIELDS = 8
-_M = 1_000_003
-_ADD = 0x9E3779B9
+#: The stochastic seed's salt (`salt`; the kernels' `_slot_io.salt_in_kernel`): h -> (h * MUL + v + ADD) mod MOD.
+SALT_MUL, SALT_ADD, SALT_MOD = 1_000_003, 0x9E3779B9, 2**31
 
 
 def round_up(n: int, a: int) -> int:
@@ -67,8 +74,31 @@ def salt(seed: int, *values: int) -> int:
     for each slot, as `salt_in_kernel`)."""
     h = seed
     for s in values:
-        h = (h * _M + s + _ADD) % 2**31
+        h = (h * SALT_MUL + s + SALT_ADD) % SALT_MOD
     return h
+
+
+def tag(fingerprint: int, *where: int) -> int:
+    """The tag carried after a slot (uint32 as int): a CRC-32 of the call's fingerprint and the
+    slot's place in it (`where`: the process-group call, slice, slot; p2p: 0)."""
+    return zlib.crc32(struct.pack(f"<I{len(where)}q", fingerprint, *where))
+
+
+def tag_bytes(t: int) -> bytes:
+    """A tag as the bytes on the wire."""
+    return t.to_bytes(TAG_BYTES, "little")
+
+
+def tag_of(wire_bytes) -> int:
+    """The tag read from its bytes on the wire (bytes, or a uint8 tensor on any device)."""
+    if isinstance(wire_bytes, torch.Tensor):
+        wire_bytes = bytes(wire_bytes.cpu().tolist())
+    return int.from_bytes(bytes(wire_bytes), "little")
+
+
+def tag_hex(t: int) -> str:
+    """A tag as error messages print it: its wire bytes in hex."""
+    return tag_bytes(t).hex()
 
 
 def salted(config, *values: int):
@@ -106,7 +136,8 @@ def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list
 def elem_align(pieces) -> int:
     """16 when every piece [a, b) starts at and holds a multiple of 16 elements (the batched
     kernels then keep 16-element vector loads and stores in every tile), else 1."""
-    return 16 if all(a % 16 == 0 and (b - a) % 16 == 0 for a, b in pieces) else 1
+    v = VECTOR_ELEMS
+    return v if all(a % v == 0 and (b - a) % v == 0 for a, b in pieces) else 1
 
 
 def two_paths(pieces) -> bool:
@@ -116,7 +147,7 @@ def two_paths(pieces) -> bool:
     vector path. A launch with pieces that start off alignment (reduce_scatter's input, all_gather's
     output at r * m for an odd m) keeps one element-wise path: most of its tiles could not take
     the other, and the second path's code and registers would cost all of them."""
-    return elem_align(pieces) == 1 and all(a % 16 == 0 for a, _ in pieces)
+    return elem_align(pieces) == 1 and all(a % VECTOR_ELEMS == 0 for a, _ in pieces)
 
 
 def alignment(pieces) -> dict:
@@ -134,9 +165,9 @@ def fast_tiles(a: int, b: int) -> int:
     `two_paths` picks one of its two paths per tile by this count; both compute the same values,
     so the bytes do not depend on it."""
     n = b - a
-    if a % 16:
+    if a % VECTOR_ELEMS:
         return 0
-    if n % 16 == 0:
+    if n % VECTOR_ELEMS == 0:
         return -(-n // TILE_ELEMS)
     return n // TILE_ELEMS
 
