@@ -17,6 +17,7 @@ sizes, and what `WireStats` counted.
 
     python -m tests.golden_cases              # record every case into tests/data/golden_collectives.json
     python -m tests.golden_cases --worlds 2   # only P = 2 (the other world's records are kept)
+    python -m tests.golden_cases --match 'ar_.*-stoch-pipe3'   # only the cases a change meant to alter
 
 `tests/test_bitwise_golden.py` reruns the default selection (`selection()`), or every case with
 TACO_TEST_GOLDEN=all, and compares. Recorded under TRITON_INTERPRET=1 on CPU: compiled GPU
@@ -27,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 import os
 import threading
 import zlib
@@ -323,13 +325,15 @@ def load() -> dict:
     return json.loads(DATA.read_text())["cases"]
 
 
-def record(worlds=WORLDS) -> None:
+def record(worlds=WORLDS, match: str | None = None) -> None:
+    """Record every case of `worlds` (with `match`, a regular expression, only the cases whose
+    names it finds: after a deliberate change of some bytes, the others stay as recorded)."""
     from tests import golden_cases  # by its module name, also when run as __main__ (spawned ranks import it)
     from tests.dist_utils import run_ranks
 
     doc = json.loads(DATA.read_text()) if DATA.exists() else {"cases": {}}
     for world in worlds:
-        names = case_names(world)
+        names = [n for n in case_names(world) if match is None or re.search(match, n)]
         per_rank = run_ranks(golden_cases.run_cases, world, names, timeout_s=4 * 3600, pg_timeout_s=600)
         for name in names:
             doc["cases"][name] = [per_rank[r][name] for r in range(world)]
@@ -344,10 +348,11 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description="record the collectives' golden outputs")
     ap.add_argument("--worlds", default="2,3", help="world sizes to record (default 2,3)")
+    ap.add_argument("--match", help="record only the cases whose names this regular expression finds")
     args = ap.parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned ranks, as the test suite sets them
     os.environ["TACO_TRITON_POISON_ALLOC"] = "1"
-    record([int(w) for w in args.worlds.split(",")])
+    record([int(w) for w in args.worlds.split(",")], args.match)
     return 0
 
 

@@ -25,7 +25,7 @@ from ..config import SUPERBLOCK_ELEMS
 from ..kernels import slots
 from ..layout import WireLayout
 from . import _streams
-from ._shapes import ALL_GATHER, ALL_TO_ALL, COMPRESS, DECOMPRESS, REDUCE
+from ._shapes import ALL_TO_ALL, COMPRESS, DECOMPRESS, REDUCE
 from ..state import STATE, Cache
 
 #: Sets of reusable wire buffers a Triton plan keeps (one per calling thread and CUDA stream).
@@ -76,7 +76,7 @@ class Buffers:
             self.recv_splits = [stride] * p
         if any(st.op == REDUCE for st in shape.stages) and not shape.dense_reduce:
             self.own = new(sl.slot, dtype=u8, device=dev)
-        if ALL_GATHER in comms:
+        if any(st.op == DECOMPRESS for st in shape.stages):  # an all_gather's (or a message's) slots
             self.gathered = torch.empty(p * sl.slot, dtype=u8, device=dev)
         a, b = sl.piece[rank] if shape.dense_reduce else (0, 0)
         lo, hi, m = a - rank * plan.chunk_numel, b - rank * plan.chunk_numel, plan.chunk_numel
@@ -231,32 +231,37 @@ class TritonPlan(Plan):
             self._buffers.put(key, bufs)
         return bufs
 
-    def begin(self, src: torch.Tensor, dst: torch.Tensor, seq: int):
+    def begin(self, src: torch.Tensor, dst: torch.Tensor, seq: int, checks: bool = True):
         """(the error record this call's kernels write, `step`): `step(stage, k, b)` runs the codec
         step of `stage` on slice k with its buffers `b`, bound to this call's tensors, and returns
-        the buffer the stage's communication sends (None for the last stage)."""
+        the buffer the stage's communication sends (None for the last stage). `checks` False: the
+        steps run check no tag (a message's sender only compresses), no record is claimed (None)."""
         if self.launches is None:
             self._prepare(src, dst)
-        record = self.errors.claim()
-        err = record.tensor
+        record = self.errors.claim() if checks else None
+        err = record and record.tensor
         launches, cfg, rank, ops, dense = self.launches, self.config, self.rank, self.ops, self.shape.dense_reduce
+        slice_salt = self.shape.slice_salt
         stochastic, seed = cfg.stochastic, cfg.seed
         if stochastic and _streams.graph_seeds(self.device):  # replays must not repeat the captured seeds
             slots.seed_counter(self.device).add_(1)
             launches = self.graph_launches
+        # the requantizing reduce's seed: salted per rank (p + rank: apart from the compress's), call
+        # and slice, so that two slices' elements at the same offset never round with the same bits
         reduce_seed = slots.salt(seed, self.p + rank, seq) if stochastic else seed
 
         def step(stage, k, b):
             op = ops[stage]
             if op is COMPRESS:
-                launches[k][0](src, b.send, slots.salt(seed, rank, seq, k) if stochastic else seed)
+                launches[k][0](src, b.send, (slots.salt(seed, rank, seq, k) if slice_salt else slots.salt(seed, rank, seq))
+                               if stochastic else seed)
                 return b.send
             if op is REDUCE:
                 if dense:
                     out = b.dense_of(dst)
                     launches[k][1](b.rows, out, seed, err, k, seq)
                     return None
-                launches[k][1](b.rows, b.own, reduce_seed, err, k, seq)
+                launches[k][1](b.rows, b.own, slots.salt(reduce_seed, k) if stochastic else seed, err, k, seq)
                 return b.own
             launches[k][2](b.gathered, dst, err, k, seq)
             return None
@@ -264,12 +269,9 @@ class TritonPlan(Plan):
         return record, step
 
     def error(self, record) -> ValueError:
+        """The error of a recorded tag mismatch (`slots.ErrorRecord.take`'s fields), as the shape says it."""
         k, src, got, want, seq = record
-        return ValueError(
-            f"taco_triton.{self.kind} (call {seq}): slice {k} from rank {src} carries tag {slots.tag_hex(got)}, "
-            f"this rank expected {slots.tag_hex(want)} for {self.signature}: the ranks issued different "
-            "collectives (config, size, dtype, op, pipeline or order differ); the outputs it fed are NaN"
-        )
+        return self.shape.mismatch(self, k, src, got, want, seq)
 
 
 def _put_tag(buf: torch.Tensor, at: int, tag: int) -> None:
@@ -290,13 +292,9 @@ class ReferencePlan(Plan):
         for r, (n, want) in enumerate(zip(nbytes, expected)):
             got = slots.tag_of(rows[r, n : n + slots.TAG_BYTES])
             if got != want:
-                raise ValueError(
-                    f"taco_triton.{self.kind}: slice {k} from rank {r} carries tag {slots.tag_hex(got)}, this rank "
-                    f"expected {slots.tag_hex(want)} for {self.signature}: the ranks issued different collectives "
-                    "(config, size, dtype, op, pipeline or order differ)"
-                )
+                raise self.shape.mismatch(self, k, r, got, want, -1, reference=True)
 
-    def begin(self, src: torch.Tensor, dst: torch.Tensor, seq: int):
+    def begin(self, src: torch.Tensor, dst: torch.Tensor, seq: int, checks: bool = True):
         """(None, `step`), as `TritonPlan.begin`: no error record, the tags are checked here."""
         steps = {COMPRESS: self._compress, REDUCE: self._reduce, DECOMPRESS: self._decompress}
         ops = self.ops
@@ -309,9 +307,10 @@ class ReferencePlan(Plan):
     def _compress(self, src, dst, seq, k, b):
         """Every piece of slice k into its slot, salted per rank, call, slice and piece; tags."""
         cfg, send = self.config, self.sends[k]
+        where = (self.rank, seq, k) if self.shape.slice_salt else (self.rank, seq)
         for j, ((a, e), lay, off, tag) in enumerate(zip(send.pieces, send.layouts, send.offsets, send.tags)):
             if lay.nbytes:
-                ops.compress_into(src[a:e], slots.salted(cfg, self.rank, seq, k, j), b.send[off : off + lay.nbytes],
+                ops.compress_into(src[a:e], slots.salted(cfg, *where, j), b.send[off : off + lay.nbytes],
                                   self.backend)
             _put_tag(b.send, off + lay.nbytes, tag)
         return b.send
@@ -328,7 +327,7 @@ class ReferencePlan(Plan):
                                 inf_above=self.inf_above)
             return None
         if lay.nbytes:
-            ops.reduce_into(b.rows, lay.numel, slots.salted(cfg, p + rank, seq), self.scale, out=b.own[: lay.nbytes],
+            ops.reduce_into(b.rows, lay.numel, slots.salted(cfg, p + rank, seq, k), self.scale, out=b.own[: lay.nbytes],
                             backend=self.backend)
         _put_tag(b.own, lay.nbytes, self.tag(1, k, rank))
         return b.own

@@ -39,7 +39,7 @@ from . import _pg, _streams
 from .work import Pending, on_every_wait
 
 COMPRESS, REDUCE, DECOMPRESS = "compress", "reduce", "decompress"
-ALL_TO_ALL, ALL_GATHER = "all_to_all", "all_gather"
+ALL_TO_ALL, ALL_GATHER, SEND = "all_to_all", "all_gather", "send"
 
 
 def overflow_threshold(config, dtype: torch.dtype) -> float:
@@ -142,6 +142,20 @@ class Shape:
     stages: tuple = ()
     dense_reduce = False
     in_place = False  # the output is the input (all_reduce's one tensor)
+    slice_salt = True  # the compress's stochastic seed is salted with (rank, call, slice), not only (rank, call)
+
+    def mismatch(self, plan, k: int, src: int, got: int, want: int, seq: int, reference: bool = False) -> ValueError:
+        """The error of a slot whose tag is not the expected one (`reference`: found on the host,
+        before any output was written; else the kernels made the outputs it fed NaN)."""
+        if reference:
+            return ValueError(
+                f"taco_triton.{plan.kind}: slice {k} from rank {src} carries tag {slots.tag_hex(got)}, this rank "
+                f"expected {slots.tag_hex(want)} for {plan.signature}: the ranks issued different collectives "
+                "(config, size, dtype, op, pipeline or order differ)")
+        return ValueError(
+            f"taco_triton.{plan.kind} (call {seq}): slice {k} from rank {src} carries tag {slots.tag_hex(got)}, "
+            f"this rank expected {slots.tag_hex(want)} for {plan.signature}: the ranks issued different "
+            "collectives (config, size, dtype, op, pipeline or order differ); the outputs it fed are NaN")
 
     def check(self, tensors, group) -> None:
         """Raise before any byte moves if the tensors cannot make this collective."""
@@ -246,4 +260,34 @@ class AllGather(Shape):
                      [sl.slot] * p, [plan.tag(1, k, j) for j in range(p)], list(range(p)))
 
 
+class Message(Shape):
+    """A point-to-point message (`p2p`): one slice, one slot. The sender compresses its tensor into
+    the slot (stage 0; `p2p` posts the send), the receiver checks its tag and decompresses it
+    (stage 1). Its plan has P = 1 and this process's global rank, which salts stochastic rounding
+    with the message number (no slice: a message is one). The tag is `slots.tag(fingerprint, 0)`."""
+
+    kind = "p2p"
+    stages = (Stage(COMPRESS, SEND), Stage(DECOMPRESS, None))
+    slice_salt = False
+
+    def chunks(self, src, dst, p: int):
+        n = src.numel()
+        return [(0, n)], n
+
+    def inf_above(self, config, dtype) -> float:
+        return math.inf  # one sender's values, decoded alone: no sum can overflow
+
+    def send_slots(self, plan, k: int, sl) -> Slots:
+        return Slots(sl.piece, sl.lays, [0], [sl.slot], [slots.tag(plan.fp, 0)], [0])
+
+    gathered_slots = send_slots
+
+    def mismatch(self, plan, k: int, src: int, got: int, want: int, seq: int, reference: bool = False) -> ValueError:
+        return ValueError(
+            f"taco_triton.p2p: the received message carries tag {slots.tag_hex(got)}, this rank expected "
+            f"{slots.tag_hex(want)} for {plan.signature}: sender and receiver disagree on (size, dtype, config); "
+            "the tensor received NaN")
+
+
 ALL_REDUCE_SHAPE, REDUCE_SCATTER_SHAPE, ALL_GATHER_SHAPE = AllReduce(), ReduceScatter(), AllGather()
+MESSAGE_SHAPE = Message()

@@ -21,16 +21,19 @@ helpers, so that its ordering of sends and receives is kept).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.distributed as dist
 
 from .. import ops
 from ..config import INPUT_DTYPES, CompressionConfig
 from ..kernels import slots
-from ..kernels.slots import salt
 from ..layout import WireLayout
-from . import _errors, _handshake, _pg, _streams
+from . import _errors, _handshake, _pg
 from ._call import DEFAULT_MIN_BYTES
+from ._plan import ReferencePlan, TritonPlan
+from ._shapes import MESSAGE_SHAPE
 from ..state import STATE
 from .work import Pending, decode_on_wait
 
@@ -66,97 +69,37 @@ def signature(tensor: torch.Tensor, config: CompressionConfig | None) -> tuple:
     return ("p2p", tensor.numel(), str(tensor.dtype), config)
 
 
-def _tag(sig: tuple) -> int:
-    return slots.tag(_pg.fingerprint(sig), 0)
+class _MessageCall:
+    """What a plan reads of a call (`_plan.Plan`), for a message: one slice, P = 1, this process's
+    global rank (it salts stochastic rounding)."""
 
-
-class _Message:
-    """One signature's wire geometry and, on the Triton path, its prepared launches and
-    descriptor tables (built on its first message, then reused)."""
+    kind, p, depth, op = "p2p", 1, 1, "sum"
 
     def __init__(self, tensor: torch.Tensor, config: CompressionConfig, backend: str):
-        self.config, self.backend = config, ops.resolve_backend(backend, tensor.device)
-        self.sig = signature(tensor, config)
-        self.layout = WireLayout.of(tensor.numel(), config)
-        self.nbytes = slots.slot_bytes(self.layout.nbytes)
-        self.tag = _tag(self.sig)
-        self.device = tensor.device
-        self._encode = self._decode = self._encode_graph = None
-        if self.backend == "triton":
-            rows = slots.descriptors([(0, tensor.numel())], [self.layout], [0], [self.nbytes], [self.tag], [0])
-            self.desc = slots.table(rows, tensor.device)
-            self.tiles = slots.total_tiles([self.layout])
-            self.errors = slots.ErrorRecords(tensor.device)  # one record per message in flight
-
-    def encode(self, flat: torch.Tensor, seed: int) -> torch.Tensor:
-        wire = torch.empty(self.nbytes, dtype=torch.uint8, device=flat.device)
-        if self.backend != "triton":
-            wire.zero_()
-            if self.layout.nbytes:
-                ops.compress_into(flat, self.config.replace(seed=seed) if self.config.stochastic else self.config,
-                                  wire[: self.layout.nbytes], self.backend)
-            wire[self.layout.nbytes : self.layout.nbytes + slots.TAG_BYTES] = torch.tensor(
-                list(slots.tag_bytes(self.tag)), dtype=torch.uint8, device=flat.device)
-            return wire
-        if self._encode is None:  # with stochastic rounding also the launch CUDA graphs capture
-            self._encode = self._encode_launch(flat, wire, False)
-            if self.config.stochastic:
-                self._encode_graph = self._encode_launch(flat, wire, True)
-        if self.config.stochastic and _streams.graph_seeds(flat.device):
-            slots.seed_counter(flat.device).add_(1)  # so that every replay rounds with fresh seeds
-            self._encode_graph(flat, wire, seed)
-        else:
-            self._encode(flat, wire, seed)
-        return wire
-
-    def _encode_launch(self, flat: torch.Tensor, wire: torch.Tensor, graph_seeds: bool):
-        from ..kernels.compress import CompressOp
-
-        op = CompressOp(self.config, flat.device)
-        return op.prepare_slots(op.slots_launch(flat, wire, self.desc, [(0, flat.numel())], [self.layout], graph_seeds))
-
-    def decode(self, wire: torch.Tensor, flat: torch.Tensor, handle: bool):
-        """Check the tag and decompress: on the Triton path returns the message's error record as
-        watched (`handle`: a receive's Work owns its error); the reference path raises at once."""
-        if self.backend != "triton":
-            got = slots.tag_of(wire[self.layout.nbytes : self.layout.nbytes + slots.TAG_BYTES])
-            if got != self.tag:
-                flat.fill_(float("nan"))  # as the Triton path: the tensor never holds a garbage decode
-                raise _mismatch(self.sig, got, self.tag)
-            if self.layout.nbytes:
-                ops.decompress_into(wire[: self.layout.nbytes], flat, self.config, self.backend)
-            return None
-        record = self.errors.claim()
-        if self._decode is None:
-            from ..kernels.decompress import DecompressOp
-
-            op = DecompressOp(self.config, flat.device)
-            self._decode = op.prepare_slots(op.slots_launch(wire, flat, self.desc, record.tensor, [(0, flat.numel())],
-                                                            [self.layout]))
-        self._decode(wire, flat, record.tensor, 0, 0)
-        return _errors.watch(self, record, flat.device, handle)
-
-    def error(self, record) -> ValueError:
-        _, _, got, want, _ = record
-        return _mismatch(self.sig, got, want)
+        self.signature = signature(tensor, config)
+        self.fp = _pg.fingerprint(self.signature)
+        self.config, self.backend, self.dtype, self.rank = config, backend, tensor.dtype, _rank()
 
 
-def _mismatch(sig, got: int, want: int) -> ValueError:
-    return ValueError(
-        f"taco_triton.p2p: the received message carries tag {slots.tag_hex(got)}, this rank expected "
-        f"{slots.tag_hex(want)} for {sig}: sender and receiver disagree on (size, dtype, config); "
-        "the tensor received NaN"
-    )
-
-
-def _message(tensor: torch.Tensor, config: CompressionConfig, backend: str) -> _Message:
-    """The geometry and launches of a message like `tensor` (kept: `STATE.messages`)."""
+def _message(tensor: torch.Tensor, config: CompressionConfig, backend: str):
+    """The plan of a message like `tensor` (`_shapes.Message` under `_plan`: its slot's geometry, tag,
+    descriptor table, prepared launches and error records, as the collectives'), kept in
+    `STATE.messages`: a repeat goes straight to it."""
     key = (tensor.numel(), tensor.dtype, config, tensor.device, backend)
-    m = STATE.messages.get(key)
-    if m is None:
-        m = _Message(tensor, config, backend)
-        STATE.messages.put(key, m)
-    return m
+    plan = STATE.messages.get(key)
+    if plan is None:
+        call = _MessageCall(tensor, config, ops.resolve_backend(backend, tensor.device))
+        chunks, n = MESSAGE_SHAPE.chunks(tensor, tensor, 1)
+        plan = (TritonPlan if call.backend == "triton" else ReferencePlan)(call, MESSAGE_SHAPE, chunks, tensor.device, n)
+        STATE.messages.put(key, plan)
+    return plan
+
+
+def _wire(plan) -> torch.Tensor:
+    """A fresh wire buffer of the message (each message in flight holds its own): zeroed on the
+    reference path, which writes only the wire bytes and the tag (the kernels write the padding)."""
+    new = torch.empty if isinstance(plan, TritonPlan) else torch.zeros
+    return new(plan.slices[0].slot, dtype=torch.uint8, device=plan.device)
 
 
 def encode(tensor: torch.Tensor, config: CompressionConfig, backend: str = "auto") -> torch.Tensor:
@@ -175,9 +118,11 @@ def encode(tensor: torch.Tensor, config: CompressionConfig, backend: str = "auto
     Raises:
         ValueError: a backend that is not supported.
     """
-    m = _message(tensor, config, backend)
-    seed = salt(config.seed, _rank(), next(STATE.messages_sent)) if config.stochastic else config.seed
-    return m.encode(tensor.detach().contiguous().view(-1), seed)
+    plan = _message(tensor, config, backend)
+    flat = tensor.detach().contiguous().view(-1)
+    seq = next(STATE.messages_sent) if config.stochastic else 0  # numbers the messages that salt their rounding
+    _, step = plan.begin(flat, flat, seq, checks=False)
+    return step(0, 0, SimpleNamespace(send=_wire(plan)))
 
 
 def wire_like(tensor: torch.Tensor, config: CompressionConfig) -> torch.Tensor:
@@ -218,11 +163,29 @@ def decode_into(wire: torch.Tensor, tensor: torch.Tensor, config: CompressionCon
     if not tensor.is_contiguous():
         raise ValueError(f"decode_into needs a contiguous tensor, got shape {tuple(tensor.shape)} "
                          f"with strides {tensor.stride()}")
-    m = _message(tensor, config, backend)
-    if wire.dtype != torch.uint8 or wire.dim() != 1 or wire.numel() != m.nbytes:
-        raise ValueError(f"decode_into: the wire buffer must be 1-D uint8 with {m.nbytes} bytes for {m.sig}, got "
-                         f"{wire.dtype} {tuple(wire.shape)}")
-    _errors.end_of_call(m.decode(wire, tensor.detach().view(-1), handle=False))
+    plan = _message(tensor, config, backend)
+    _check_wire(wire, plan)
+    _errors.end_of_call(_decode(plan, wire, tensor.detach().view(-1), handle=False))
+
+
+def _check_wire(wire: torch.Tensor, plan) -> None:
+    nbytes = plan.slices[0].slot
+    if wire.dtype != torch.uint8 or wire.dim() != 1 or wire.numel() != nbytes:
+        raise ValueError(f"decode_into: the wire buffer must be 1-D uint8 with {nbytes} bytes for {plan.signature}, "
+                         f"got {wire.dtype} {tuple(wire.shape)}")
+
+
+def _decode(plan, wire: torch.Tensor, flat: torch.Tensor, handle: bool):
+    """Check the tag and decompress (the plan's step 1): on the Triton path returns the message's
+    error record as watched (`handle`: a receive's Work owns its error); the reference path checks
+    the tag on the host, fills `flat` with NaN and raises at once on a mismatch."""
+    record, step = plan.begin(flat, flat, 0)
+    try:
+        step(1, 0, SimpleNamespace(gathered=wire))
+    except ValueError:
+        flat.fill_(float("nan"))  # as the Triton path: the tensor never holds a garbage decode
+        raise
+    return None if record is None else _errors.watch(plan, record, flat.device, handle)
 
 
 def _rank() -> int:
@@ -236,14 +199,14 @@ def record_send(buffer: torch.Tensor, compressed: bool) -> None:
     _pg.guard_exit(buffer)
 
 
-def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, message: _Message) -> Pending:
+def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, plan) -> Pending:
     """A receive's Work: `wait()` waits for the wire buffer (once: a gloo p2p Work waited twice
     blocks), then checks and decompresses it into `tensor`; the message's error record belongs to
     this Work. A failure (a handshake the sender failed, a tag that did not match) makes this and
     every later `wait()` raise."""
 
     # a handshake the sender failed raises at the receive's wait(); the reference path's tag check in decode
-    return decode_on_wait([work], [wire], lambda: message.decode(wire, tensor.detach().view(-1), handle=True),
+    return decode_on_wait([work], [wire], lambda: _decode(plan, wire, tensor.detach().view(-1), handle=True),
                           wire.device)
 
 
@@ -350,11 +313,11 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
         raise ValueError(f"taco_triton.p2p.irecv: a compressed message needs a contiguous tensor to decode into, got "
                          f"shape {tuple(tensor.shape)} with strides {tensor.stride()}; nothing was received")
     m = _message(tensor, config, backend) if compress else None
-    sig = m.sig if compress else signature(tensor, None)
-    into = torch.empty(m.nbytes, dtype=torch.uint8, device=tensor.device) if compress else tensor
+    sig = m.signature if compress else signature(tensor, None)
+    into = torch.empty(m.slices[0].slot, dtype=torch.uint8, device=tensor.device) if compress else tensor
     key, hs = _handshake.key(src, group, sig, False), None
     if _handshake.needs_handshake(key, check):
-        nbytes = m.nbytes if compress else tensor.numel() * tensor.element_size()
+        nbytes = into.numel() * into.element_size()
         hs = _handshake.Handshake(key, group, tensor.device, nbytes)
     decides = hs or _handshake.follows(key)
 
