@@ -118,3 +118,19 @@ def soak(rank: int, world: int, n_ops: int, seed: int, backend: str) -> dict:
                 checked += 1
     dist.barrier()
     return {"checked": checked}
+
+
+def handshake_counted(rank: int, world: int) -> dict:
+    """Two messages of one signature in a `WireStats`: the first one's handshake (a fingerprint
+    and a size, 16 bytes, from each end) is counted as fingerprint bytes where the message was
+    issued, the payloads as sends by the sender only."""
+    cfg = taco.CompressionConfig()
+    x = torch.ones(4096, dtype=torch.bfloat16)
+    with taco.WireStats() as ws:
+        for _ in range(2):
+            if rank == 0:
+                p2p.isend(x, 1, config=cfg, min_bytes=0).wait()
+            else:
+                p2p.irecv(x, 0, config=cfg, min_bytes=0).wait()
+    return {"fingerprint": ws.fingerprint_bytes, "sends": [c.wire_bytes for c in ws.calls],
+            "wire": p2p.wire_like(x, cfg).numel()}

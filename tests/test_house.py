@@ -53,6 +53,13 @@ def test_only_the_fused_ops_build_and_bind_launches(builder):
     assert not found, found
 
 
+def test_every_point_to_point_message_goes_through_the_process_group_calls():
+    """p2p's payloads, its handshakes and the integrations' sends are issued by `_pg` (`isend`,
+    `irecv`, `send_fingerprint`), which counts them in `WireStats`."""
+    found = offenders(r"\bdist\.(isend|irecv|send|recv)\(", {"taco_triton/collectives/_pg.py"})
+    assert not [f for f in found if f.startswith("taco_triton/")], found
+
+
 def test_the_rule_reader_finds_a_copy():
     """The reader sees a builder call outside its home (it would be blind if `offenders` skipped all)."""
     assert offenders(r"\bcompress_slots_launch\(", set()), "the kernel module itself calls it"

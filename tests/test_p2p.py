@@ -44,3 +44,9 @@ def test_soak_random_messages_deliver_the_codec_round_trip(backend):
     reports = run_ranks(cases.soak, 2, n_ops, int(os.environ.get("SOAK_SEED", "1")), backend,
                         pg_timeout_s=30, timeout_s=600)
     assert sum(r["checked"] for r in reports) > 0
+
+
+def test_the_handshake_and_the_payload_are_counted_where_issued():
+    rep = run_ranks(cases.handshake_counted, 2, timeout_s=300, pg_timeout_s=60)
+    assert rep[0]["fingerprint"] == rep[1]["fingerprint"] == 16, rep  # once per signature, per end
+    assert rep[0]["sends"] == [rep[0]["wire"]] * 2 and rep[1]["sends"] == [], rep

@@ -27,7 +27,6 @@ from collections import deque
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from ..env import check_mode
 from ..state import STATE
@@ -78,6 +77,7 @@ class Handshake:
         self.error: ValueError | None = None
         self._works = None
         self._checked = False
+        self._stats = _pg.stats_context()  # post() may run on the queue's thread: count where it was issued
         _pg.guard_exit(self.mine)
         STATE.handshakes[self.key] = self
 
@@ -85,8 +85,8 @@ class Handshake:
         """Post this end's two messages (once)."""
         if self._works is not None:
             return
-        out = dist.isend(self.mine, self.peer, group=self.group, tag=TAG + (0 if self.sending else 1))
-        into = dist.irecv(self.theirs, self.peer, group=self.group, tag=TAG + (1 if self.sending else 0))
+        out = _pg.send_fingerprint(self.mine, self.peer, self.group, TAG + (0 if self.sending else 1), self._stats)
+        into = _pg.irecv(self.theirs, self.peer, self.group, TAG + (1 if self.sending else 0))
         self._works = [out, into] if self.sending else [into, out]
 
     def outcome(self) -> ValueError | None:

@@ -251,6 +251,35 @@ def fingerprint(signature: tuple) -> int:
     return zlib.crc32(repr(signature).encode())
 
 
+def record_send(buffer: torch.Tensor, compressed: bool) -> None:
+    """Count a point-to-point message this rank sends in the active `WireStats` (its bytes, once,
+    when it is issued: where it is posted later, from another thread, it still counts here)."""
+    n = buffer.numel() * buffer.element_size()
+    _record("send", n, float(n), compressed)
+    guard_exit(buffer)
+
+
+def isend(buffer: torch.Tensor, peer: int, group, tag: int = 0):
+    """`dist.isend`: every point-to-point send of the library goes through here (its bytes are
+    counted where it is issued: `record_send`, or `send_fingerprint`)."""
+    return dist.isend(buffer, peer, group=group, tag=tag)
+
+
+def irecv(buffer: torch.Tensor, peer: int, group, tag: int = 0):
+    """`dist.irecv` (what a rank receives is counted by its sender)."""
+    guard_exit(buffer)
+    return dist.irecv(buffer, peer, group=group, tag=tag)
+
+
+def send_fingerprint(fingerprint: torch.Tensor, peer: int, group, tag: int, context: tuple):
+    """A p2p handshake's message (a fingerprint and a size): sent, and counted in the
+    `WireStats` of `context` (`stats_context`, where the message it checks was issued) as
+    `fingerprint_bytes`, as the collectives' agreement exchange is."""
+    for ws in context[0]:
+        ws.fingerprint_bytes += _nbytes(fingerprint)
+    return isend(fingerprint, peer, group, tag)
+
+
 def agree(what: str, signature: tuple, device, group) -> None:
     """Raise ValueError on every rank if any rank's `signature` differs.
 

@@ -192,13 +192,6 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def record_send(buffer: torch.Tensor, compressed: bool) -> None:
-    """Count a message this rank sends in the active `WireStats` (its bytes, once)."""
-    n = buffer.numel() * buffer.element_size()
-    _pg._record("send", n, float(n), compressed)
-    _pg.guard_exit(buffer)
-
-
 def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, plan) -> Pending:
     """A receive's Work: `wait()` waits for the wire buffer (once: a gloo p2p Work waited twice
     blocks), then checks and decompresses it into `tensor`; the message's error record belongs to
@@ -261,12 +254,12 @@ def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig 
         buf = encode(tensor, config, backend)
     else:
         buf = tensor.contiguous()
-    record_send(buf, compress)
+    _pg.record_send(buf, compress)
 
     def post():
         if hs is not None:
             hs.post()
-        return [dist.isend(buf, dst, group=group)], None
+        return [_pg.isend(buf, dst, group)], None
 
     work = None
     if _handshake.waiting(key) and dist.get_backend(group) == "nccl":  # NCCL keeps a pair's order
@@ -274,7 +267,7 @@ def isend(tensor: torch.Tensor, dst: int, group=None, config: CompressionConfig 
     if work is None:
         if hs is not None:
             hs.post()
-        work = dist.isend(buf, dst, group=group)
+        work = _pg.isend(buf, dst, group)
     return work if decides is None else _decided_send(work, decides)
 
 
@@ -327,11 +320,11 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
                 hs.post()
             if decides.outcome() is not None:  # take the sender's payload off the wire, by its size
                 scratch = torch.empty(decides.their_bytes, dtype=torch.uint8, device=tensor.device)
-                return [dist.irecv(scratch, src, group=group)], decides
-        return [dist.irecv(into, src, group=group)], None
+                return [_pg.irecv(scratch, src, group)], decides
+        return [_pg.irecv(into, src, group)], None
 
     work = _handshake.submit(key, post, tensor.device, defer=decides is not None,
                              now=hs.post if hs is not None else None)
     if work is None:
-        work = dist.irecv(into, src, group=group)
+        work = _pg.irecv(into, src, group)
     return _decode_on_wait(work, into, tensor, m) if compress else work

@@ -475,7 +475,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         inner = self._inner_for(t)
         self._count_p2p("send", t, True)
         wire = p2p.encode(t, cfg)
-        p2p.record_send(wire, True)
+        _pg.record_send(wire, True)
         return self._track(inner.send([wire], dst, tag))  # the Work keeps `wire` alive until it is sent
 
     def recv(self, tensors, src, tag=0):

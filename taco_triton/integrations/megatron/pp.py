@@ -9,7 +9,7 @@ requests).
 """
 from __future__ import annotations
 
-from ...collectives import WireStats, p2p
+from ...collectives import WireStats, _pg, p2p
 from ...collectives.work import Pending, decode_on_wait
 
 
@@ -39,7 +39,7 @@ def send_recv(handle, orig, tensor_send_prev, tensor_recv_prev, tensor_send_next
         cfg, st = handle._decide("pp", f"megatron.pp.{direction}.stage{me}_to_stage{dst}", direction, "send", t, n)
         wire = p2p.encode(t, cfg) if cfg is not None else t
         with WireStats() as ws:
-            p2p.record_send(wire, cfg is not None)
+            _pg.record_send(wire, cfg is not None)
         st.wire_bytes += ws.wire_bytes
         return wire
 
