@@ -48,19 +48,19 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import INPUT_DTYPES, SUPERBLOCK_ELEMS, CompressionConfig
-from .kernels import slots
-from .layout import WireLayout
+from . import wire as contract
+from .config import INPUT_DTYPES, CompressionConfig
 
 __all__ = ["COLLECTIVES", "LAUNCHES_PER_SLICE", "HOST_US_PER_LAUNCH", "RING_COSTS", "Estimate", "ring_bytes",
-           "compressed_wire_bytes", "estimate"]
+           "compressed_bytes_per_rank", "compressed_wire_bytes", "estimate"]
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 """The collectives `estimate` models."""
-LAUNCHES_PER_SLICE = {"all_reduce": 3, "reduce_scatter": 2, "all_gather": 2}
-"""Kernel launches per pipeline slice of each compressed collective: all_reduce compresses every
-chunk in one launch, reduces in one and decompresses in one; reduce_scatter compresses and
-decode-sums; all_gather compresses and decompresses."""
+LAUNCHES_PER_SLICE = {c: contract.launches(c, 1) for c in COLLECTIVES}
+"""Kernel launches per pipeline slice of each compressed collective, one per stage of its wire
+contract (`taco_triton.wire.STAGES`): all_reduce compresses every chunk in one launch, reduces in
+one and decompresses in one; reduce_scatter compresses and decode-sums; all_gather compresses and
+decompresses."""
 HOST_US_PER_LAUNCH = 6.0
 """Host time per kernel launch on the collectives' path, in microseconds: the median over every
 collective, world size (2, 4, 8) and pipeline depth (1, 2) that bench/host_overhead.py measured
@@ -163,33 +163,46 @@ def _integer(name: str, value, low: int) -> int:
     return int(value)
 
 
-def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, collective: str = "all_reduce") -> int:
-    """Bytes of the compressed message as the collectives cut it into `ranks` chunks, each its own
-    WireLayout in a slot with its 4-byte tag, padded to 16 bytes (`slots.slot_bytes`): all_reduce
-    cuts super-block-aligned chunks, reduce_scatter and all_gather the equal first-dim shards.
+def compressed_wire_bytes(numel: int, config: CompressionConfig, ranks: int, collective: str = "all_reduce",
+                          pipeline: int = 1) -> int:
+    """Bytes of the compressed message as the collectives cut it into `ranks` chunks and `pipeline`
+    slices (`taco_triton.wire`), each piece its own WireLayout in a slot with its 4-byte tag, padded
+    to 16 bytes (`slots.slot_bytes`): all_reduce cuts super-block-aligned chunks, reduce_scatter
+    and all_gather the equal first-dim shards.
 
     Args:
         numel: elements of the message (all_gather: of the gathered output).
         config: the compression config.
         ranks: processes in the group, P >= 1.
         collective: one of `COLLECTIVES`; all_reduce cuts super-block-aligned chunks.
+        pipeline: the pipeline slices of the call (each adds its own tags and padding).
 
     Returns:
-        The bytes of all `ranks` slots together, tags and padding included.
+        The bytes of every slot of every slice together, tags and padding included.
 
     Example (1 Mi elements at P = 4, FP8: four slots of 264,464 bytes):
         >>> compressed_wire_bytes(1 << 20, CompressionConfig(), 4)
         1057856
     """
-    if collective == "all_reduce":
-        chunk = -(-(-(-numel // ranks)) // SUPERBLOCK_ELEMS) * SUPERBLOCK_ELEMS
-    else:
-        chunk = -(-numel // ranks)
-    total = 0
-    for j in range(ranks):
-        n = max(0, min(chunk, numel - j * chunk))
-        total += slots.slot_bytes(WireLayout.of(n, config).nbytes)
-    return total
+    parts, _ = contract.chunks(collective if collective == "all_reduce" else "reduce_scatter", numel, ranks)
+    return sum(sum(contract.slot_strides(piece, config)) for piece in contract.pieces(parts, pipeline))
+
+
+def compressed_bytes_per_rank(numel: int, config: CompressionConfig, ranks: int, collective: str = "all_reduce",
+                              pipeline: int = 1) -> float:
+    """Bytes one rank sends in a compressed call, as `WireStats` counts them: per pipeline slice,
+    `ring_bytes` of each buffer the call hands the process group (`taco_triton.wire.buffers`;
+    all_reduce's all_gather carries slots padded to the slice's widest, so uneven chunks cost more
+    than their wire bytes' ring share).
+
+    Args:
+        numel, config, ranks, collective, pipeline: as in `compressed_wire_bytes`.
+
+    Returns:
+        The bytes (unrounded; `WireStats` rounds each call to a whole byte).
+    """
+    return sum(ring_bytes(comm, n, ranks) for sl in contract.buffers(collective, numel, config, ranks, pipeline)
+               for comm, n in sl.items())
 
 
 def estimate(
@@ -256,19 +269,19 @@ def estimate(
     p = ranks
     dense = numel * dtype.itemsize
     # a disabled config runs the native collective: same bytes, no codec
-    wire = compressed_wire_bytes(numel, config, p, collective) if config.enabled else dense
     two_phase = collective == "all_reduce"
     steps = (2 if two_phase else 1) * (p - 1)
-    if collective == "all_gather":  # every rank sends its shard, 1/P of the message
-        native_bytes, compressed_bytes = ring_bytes(collective, dense / p, p), ring_bytes(collective, wire / p, p)
-    else:
-        native_bytes, compressed_bytes = ring_bytes(collective, dense, p), ring_bytes(collective, wire, p)
+    # every rank sends its shard in an all_gather, 1/P of the message
+    native_bytes = ring_bytes(collective, dense / p if collective == "all_gather" else dense, p)
+    compressed_bytes = (compressed_bytes_per_rank(numel, config, p, collective, pipeline) if config.enabled
+                        else native_bytes)
     latency = steps * latency_us * 1e-6
     native_s = native_bytes / link_bytes_s + latency
     link_s = compressed_bytes / link_bytes_s + latency
     passes = {"all_reduce": 3 + 1 / p, "reduce_scatter": 2.0, "all_gather": 1 + 1 / p}[collective]
     codec_s = 0.0 if codec_bytes_s is None or not config.enabled else passes * dense / codec_bytes_s
-    launches = LAUNCHES_PER_SLICE[collective] * pipeline if config.enabled else 0
+    n_slices = len(contract.pieces(contract.chunks(collective, numel, p)[0], pipeline))
+    launches = contract.launches(collective, n_slices) if config.enabled else 0
     host_s = launches * host_us_per_launch * 1e-6
     compressed_s = max(link_s, codec_s, host_s) if overlap else link_s + codec_s + host_s
     # speedup 1 when codec_s reaches native_s (overlapped) or native_s - link_s - host_s (serial)
@@ -282,7 +295,7 @@ def estimate(
         break_even = passes * dense / codec_budget_s / 1e9 if codec_budget_s > 0 else float("inf")
     return Estimate(
         collective=collective, native_s=native_s, compressed_s=compressed_s, link_s=link_s,
-        codec_s=codec_s, launches=launches, host_s=host_s, speedup=native_s / compressed_s, wire_ratio=wire / dense,
+        codec_s=codec_s, launches=launches, host_s=host_s, speedup=native_s / compressed_s, wire_ratio=compressed_bytes / native_bytes,
         native_bytes_per_rank=native_bytes, compressed_bytes_per_rank=compressed_bytes,
         codec_counted=codec_bytes_s is not None, break_even_codec_gbytes_s=break_even,
     )

@@ -8,6 +8,7 @@ import torch
 
 import taco_triton as taco
 from taco_triton.estimate import COLLECTIVES, HOST_US_PER_LAUNCH, LAUNCHES_PER_SLICE
+from taco_triton.wire import STAGES as STAGES_OF
 from tests.dist_utils import run_ranks
 
 # 3 ranks: equal super-block-aligned all_reduce chunks and equal first-dim shards, where the model's
@@ -34,6 +35,45 @@ def sent_bytes(rank: int, world: int) -> dict:
             # the payload: the 8-byte rank-agreement fingerprint per peer is the check's, not the collective's
             out[(name, enabled)] = ws.wire_bytes - ws.fingerprint_bytes
     return out
+
+
+def sent_bytes_sliced(rank: int, world: int, rows: int, pipeline: int) -> dict:
+    """WireStats of each compressed collective of a (rows, 4096) message cut in `pipeline` slices."""
+    full = torch.randn(rows, 4096, generator=torch.Generator().manual_seed(rank)).to(torch.bfloat16)
+    even = full[: rows // world * world]  # reduce_scatter and all_gather need P equal shards
+    shard = even[: rows // world].clone()
+    cfg, out = taco.CompressionConfig(), {}
+    calls = {
+        "all_reduce": lambda: taco.all_reduce(full.clone(), config=cfg, min_bytes=0, pipeline=pipeline),
+        "reduce_scatter": lambda: taco.reduce_scatter(torch.empty_like(shard), even, config=cfg, min_bytes=0,
+                                                      pipeline=pipeline),
+        "all_gather": lambda: taco.all_gather(torch.empty(world * shard.shape[0], 4096, dtype=torch.bfloat16), shard,
+                                              config=cfg, min_bytes=0, pipeline=pipeline),
+    }
+    for name, call in calls.items():
+        with taco.WireStats() as ws:
+            call()
+        out[name] = (ws.wire_bytes - ws.fingerprint_bytes, len(ws.calls))
+    return out
+
+
+@pytest.mark.parametrize("rows, pipeline", [(7, 2), (12, 3)], ids=["uneven-chunks-2-slices", "3-slices"])
+def test_byte_and_launch_counts_follow_the_wire_contract_for_uneven_chunks_and_slices(rows, pipeline):
+    """all_reduce's chunks of 7 x 4096 elements at P = 3 are 3, 3 and 1 super-blocks: its all_gather
+    carries the widest slot from every rank; each slice adds its own tags. `estimate` counts what
+    `WireStats` counts, as the mean over the ranks (it counted the slots of one slice, each chunk's
+    own, and missed both: 38,592 bytes here where the ranks send 44,160 on average)."""
+    world = 3
+    sent = run_ranks(sent_bytes_sliced, world, rows, pipeline)
+    for collective in COLLECTIVES:
+        numel = rows * 4096 if collective == "all_reduce" else world * (rows // world) * 4096
+        e = taco.estimate(numel, torch.bfloat16, link_gbps=1.0, ranks=world, collective=collective, pipeline=pipeline)
+        # the all_to_all's bytes leaving a rank are the other ranks' slots: with uneven chunks each
+        # rank's count differs, and their mean is the ring share `estimate` models for one rank
+        got = sum(sent[r][collective][0] for r in range(world)) / world
+        calls = sent[0][collective][1]
+        assert e.compressed_bytes_per_rank == pytest.approx(got, abs=len(STAGES_OF[collective]) * pipeline), collective
+        assert e.launches == len(STAGES_OF[collective]) * calls // (len(STAGES_OF[collective]) - 1), collective
 
 
 def test_byte_counts_equal_what_the_collectives_send():
@@ -81,10 +121,17 @@ def test_host_time_counts_the_launches_of_every_pipeline_slice(collective, per_s
 
 
 def test_host_time_decides_whether_a_small_message_pays_off():
-    """16 KiB of bf16 at 400 Gbit/s: the link saves about 0.1 us, three launches cost tens of us."""
-    small = taco.estimate(8192, link_gbps=400.0, ranks=8)
-    assert small.speedup < 0.05 and small.break_even_codec_gbytes_s == float("inf")
-    assert taco.estimate(8192, link_gbps=400.0, ranks=8, host_us_per_launch=0).speedup > 1.5
+    """64 KiB of bf16 at P = 8 (one super-block per rank) at 400 Gbit/s: the link saves about 1 us,
+    three launches cost 18 us."""
+    small = taco.estimate(8 * 4096, link_gbps=400.0, ranks=8)
+    assert small.speedup < 0.2 and small.break_even_codec_gbytes_s == float("inf")
+    assert taco.estimate(8 * 4096, link_gbps=400.0, ranks=8, host_us_per_launch=0).speedup > 1.5
+
+
+def test_a_message_under_a_super_block_per_rank_costs_more_than_native():
+    """16 KiB at P = 8: two ranks' chunks hold the message, six are empty, and the all_gather
+    carries every rank's slot padded to the widest: more bytes than the native ring."""
+    assert taco.estimate(8192, link_gbps=400.0, ranks=8, host_us_per_launch=0).wire_ratio > 1
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlapped"])

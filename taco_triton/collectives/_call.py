@@ -18,18 +18,13 @@ from ..config import INPUT_DTYPES, CompressionConfig
 from ..env import check_mode, compress_single_rank
 from . import _driver, _pg, _plan, _steady, _streams, _worker
 from ..state import STATE
+from ..wire import AUTO_SLICE_BYTES, MAX_PIPELINE, depth  # noqa: F401 - re-exported by compressed
 
 DEFAULT_MIN_BYTES = 1 << 20
 """Messages below this many bytes go through the native collective when the codec runs on a GPU.
 Not yet measured on GPUs (TACO's authors use 10 MiB); see docs/speed/index.md. On CPU tensors the codec is the
 torch reference (~14 MB/s per core measured, bench/collectives.py), slower than the link at
 every size for links >= 0.25 Gbit/s, so there the default is native unless min_bytes is given."""
-#: Each pipeline slice of "auto" depth carries at least this many input bytes.
-AUTO_SLICE_BYTES = 8 << 20
-#: The most pipeline slices a call may ask for.
-MAX_PIPELINE = 16
-
-
 def default_config() -> CompressionConfig:
     """The config of calls that pass None (made once)."""
     if STATE.default_config is None:
@@ -44,16 +39,6 @@ def fingerprint(signature: tuple) -> int:
         fp = _pg.fingerprint(signature)
         STATE.fingerprints.put(signature, fp)
     return fp
-
-
-def depth(nbytes: int, pipeline) -> int:
-    """The number of pipeline slices of a message of `nbytes` ("auto": one per `AUTO_SLICE_BYTES`,
-    at most half of `MAX_PIPELINE`); ValueError for anything but "auto" or an int in range."""
-    if pipeline == "auto":
-        return max(1, min(MAX_PIPELINE // 2, nbytes // AUTO_SLICE_BYTES))
-    if isinstance(pipeline, bool) or not isinstance(pipeline, int) or not 1 <= pipeline <= MAX_PIPELINE:
-        raise ValueError(f"pipeline must be 'auto' or an int in [1, {MAX_PIPELINE}], got {pipeline!r}")
-    return pipeline
 
 
 class Call:

@@ -21,23 +21,15 @@ import threading
 import torch
 
 from .. import ops
-from ..config import SUPERBLOCK_ELEMS
 from ..kernels import slots
 from ..layout import WireLayout
+from ..wire import pieces
 from . import _streams
 from ._shapes import ALL_TO_ALL, COMPRESS, DECOMPRESS, REDUCE
 from ..state import STATE, Cache
 
 #: Sets of reusable wire buffers a Triton plan keeps (one per calling thread and CUDA stream).
 MAX_BUFFER_SETS = 8
-
-
-def pieces(chunks: list[tuple[int, int]], depth: int) -> list[list[tuple[int, int]]]:
-    """Cut every chunk [s, e) into `depth` super-block-aligned pieces: pieces[k][j] of chunk j."""
-    longest = max(e - s for s, e in chunks)
-    step = slots.round_up(max(1, -(-longest // depth)), SUPERBLOCK_ELEMS)
-    n_slices = max(1, -(-longest // step))
-    return [[(min(s + k * step, e), min(s + (k + 1) * step, e)) for s, e in chunks] for k in range(n_slices)]
 
 
 class Slice:

@@ -33,13 +33,11 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ..config import SUPERBLOCK_ELEMS
 from ..kernels import slots
 from . import _pg, _streams
 from .work import Pending, on_every_wait
 
-COMPRESS, REDUCE, DECOMPRESS = "compress", "reduce", "decompress"
-ALL_TO_ALL, ALL_GATHER, SEND = "all_to_all", "all_gather", "send"
+from ..wire import ALL_GATHER, ALL_TO_ALL, COMPRESS, DECOMPRESS, REDUCE, SEND, STAGES, chunks  # noqa: F401 - the shapes' vocabulary
 
 
 def overflow_threshold(config, dtype: torch.dtype) -> float:
@@ -172,21 +170,22 @@ class Shape:
         return overflow_threshold(config, dtype)
 
 
+def _stages(kind: str) -> tuple:
+    return tuple(Stage(op, comm) for op, comm in STAGES[kind])
+
+
 class AllReduce(Shape):
     kind = "all_reduce"
     in_place = True
-    stages = (Stage(COMPRESS, ALL_TO_ALL), Stage(REDUCE, ALL_GATHER), Stage(DECOMPRESS, None))
+    stages = _stages(kind)
 
     def flats(self, tensors):
         flat, copy_back = flat_inplace(tensors[0])
         return flat, flat, copy_back
 
     def chunks(self, src, dst, p: int):
-        """Super-block-aligned chunks of the tensor, one per rank (the last ones may be short or
-        empty); no shard size."""
-        n = src.numel()
-        c = slots.round_up(-(-n // p), SUPERBLOCK_ELEMS)
-        return [(min(j * c, n), min((j + 1) * c, n)) for j in range(p)], 0
+        """Super-block-aligned chunks of the tensor, one per rank (`wire.chunks`)."""
+        return chunks(self.kind, src.numel(), p)
 
     def native(self, tensors, group, op: str, p: int, async_op: bool):
         red, divide = _native_op(op, group)
@@ -203,7 +202,7 @@ class AllReduce(Shape):
 
 class ReduceScatter(Shape):
     kind = "reduce_scatter"
-    stages = (Stage(COMPRESS, ALL_TO_ALL), Stage(REDUCE, None))
+    stages = _stages(kind)
     dense_reduce = True
 
     def check(self, tensors, group) -> None:
@@ -211,9 +210,8 @@ class ReduceScatter(Shape):
         _check_pair("reduce_scatter", "input", input, output, dist.get_world_size(group))
 
     def chunks(self, src, dst, p: int):
-        """The output's size per rank (rank j's shard of the input)."""
-        m = dst.numel()
-        return [(j * m, (j + 1) * m) for j in range(p)], m
+        """Rank j's shard of the input per rank (`wire.chunks`)."""
+        return chunks(self.kind, src.numel(), p)
 
     def native(self, tensors, group, op: str, p: int, async_op: bool):
         output, input = tensors
@@ -229,16 +227,15 @@ class ReduceScatter(Shape):
 
 class AllGather(Shape):
     kind = "all_gather"
-    stages = (Stage(COMPRESS, ALL_GATHER), Stage(DECOMPRESS, None))
+    stages = _stages(kind)
 
     def check(self, tensors, group) -> None:
         output, input = tensors
         _check_pair("all_gather", "output", output, input, dist.get_world_size(group))
 
     def chunks(self, src, dst, p: int):
-        """The local shard, whole."""
-        m = src.numel()
-        return [(0, m)], m
+        """The local shard, whole (`wire.chunks`)."""
+        return chunks(self.kind, dst.numel(), p)
 
     def native(self, tensors, group, op: str, p: int, async_op: bool):
         output, input = tensors
@@ -267,12 +264,11 @@ class Message(Shape):
     with the message number (no slice: a message is one). The tag is `slots.tag(fingerprint, 0)`."""
 
     kind = "p2p"
-    stages = (Stage(COMPRESS, SEND), Stage(DECOMPRESS, None))
+    stages = _stages(kind)
     slice_salt = False
 
     def chunks(self, src, dst, p: int):
-        n = src.numel()
-        return [(0, n)], n
+        return chunks(self.kind, src.numel(), p)
 
     def inf_above(self, config, dtype) -> float:
         return math.inf  # one sender's values, decoded alone: no sum can overflow
