@@ -1002,7 +1002,7 @@ def library_call(hv: HotVariant, device: torch.device = torch.device("meta")):
     try:
         shape.check(tensors, None)
         with on_gpu:
-            call = _call.Call(hv.collective, tensors, None, hv.config, "sum", None, "auto", None, "triton")
+            call = _call.Call(hv.collective, tensors, None, hv.config, "sum", None, "auto", "triton", None)
     finally:
         dist.destroy_process_group()
     if not call.compress:

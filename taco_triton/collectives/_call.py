@@ -44,7 +44,7 @@ def fingerprint(signature: tuple) -> int:
 class Call:
     """What one collective call decided before touching any byte: path, slices, fingerprint."""
 
-    def __init__(self, kind, tensors, group, config, op, min_bytes, pipeline, check, backend):
+    def __init__(self, kind, tensors, group, config, op, min_bytes, pipeline, backend, check):
         """tensors[0] is the one written (all_reduce's tensor, the others' output)."""
         # the group that carries the bytes (a compressing group's inner): calls issue, agree and order
         # on it, and it keys their state; a default group re-created after destroy_process_group is a
@@ -111,23 +111,23 @@ def _detached(tensors: tuple) -> tuple:
     return tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in tensors)
 
 
-def collective(shape, tensors: tuple, group, config, op: str, async_op: bool, min_bytes, pipeline, backend, check):
+def collective(shape, tensors: tuple, group, config, op: str, min_bytes, pipeline, backend, check, async_op: bool):
     """The front half of every public collective, then its issue: `shape` says which collective,
     `tensors` are its (output, input) or all_reduce's (tensor,). A repeat goes straight to its
     plan (`_steady`); otherwise the arguments are checked, the ranks agree, and the call runs
     natively or on its plan (`_driver.run`). Returns the handle (async) or None."""
-    key, steady = _steady.lookup(shape.kind, group, config, op, min_bytes, pipeline, backend, check, tensors)
+    key, steady = _steady.lookup(shape.kind, tensors, group, config, op, min_bytes, pipeline, backend, check)
     if steady is not None and steady.ready(check):
         dst = tensors[0] if tensors[0].dim() == 1 else tensors[0].view(-1)  # contiguous (see _steady)
         if shape.in_place:
-            return steady.issue(dst, dst, async_op)
+            return steady.repeat(dst, dst, async_op)
         src = tensors[1] if tensors[1].dim() == 1 else tensors[1].view(-1)
-        return steady.issue(src, dst, async_op)
+        return steady.repeat(src, dst, async_op)
     if not member(group):
         return None
     tensors = _detached(tensors)  # invisible to autograd, as native
     shape.check(tensors, group)
-    call = Call(shape.kind, tensors, group, config, op, min_bytes, pipeline, check, backend)
+    call = Call(shape.kind, tensors, group, config, op, min_bytes, pipeline, backend, check)
     if not call.compress or (call.p == 1 and not compress_single_rank()):
         return _native(shape, call, tensors, op, async_op)
     src, dst, copy_back = shape.flats(tensors)

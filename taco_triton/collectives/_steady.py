@@ -39,7 +39,7 @@ class Steady:
             return mode == "never" or (mode == "first" and STATE.agreements.has(self.agreement))
         return True  # "always" never gets a Steady; "first" got one after agreeing
 
-    def issue(self, src: torch.Tensor, dst: torch.Tensor, async_op: bool):
+    def repeat(self, src: torch.Tensor, dst: torch.Tensor, async_op: bool):
         """Issue the call on its plan (see `_driver.issue`); the handle (async) or None."""
         plan = self.plan
         if dst.requires_grad:  # invisible to autograd, as native (a view of src when it is dst)
@@ -47,7 +47,7 @@ class Steady:
         return _driver.issue(plan, src, dst, next(STATE.calls), self.group, self.pg, async_op)
 
 
-def lookup(kind: str, group, config, op, min_bytes, pipeline, backend, check, tensors: tuple):
+def lookup(kind: str, tensors: tuple, group, config, op, min_bytes, pipeline, backend, check):
     """(key, Steady or None) of a call with these arguments and tensors; key None when they
     cannot be a key (the full path validates them)."""
     try:

@@ -101,7 +101,7 @@ def all_reduce(
     a sum that overflows the dtype is +-inf (see `overflow_threshold`). Autograd does not see the
     collective, as with `dist.all_reduce`.
     """
-    return collective(ALL_REDUCE_SHAPE, (tensor,), group, config, op, async_op, min_bytes, pipeline, backend, check)
+    return collective(ALL_REDUCE_SHAPE, (tensor,), group, config, op, min_bytes, pipeline, backend, check, async_op)
 
 
 @_pg.records_as("reduce_scatter")
@@ -144,8 +144,8 @@ def reduce_scatter(
     (Inf - Inf is NaN). On AMD GPUs and on CPU such a group's elements are +-inf, or NaN where
     infinities of both signs meet in the transform.
     """
-    return collective(REDUCE_SCATTER_SHAPE, (output, input), group, config, op, async_op, min_bytes, pipeline,
-                      backend, check)
+    return collective(REDUCE_SCATTER_SHAPE, (output, input), group, config, op, min_bytes, pipeline, backend, check,
+                      async_op)
 
 
 @_pg.records_as("all_gather")
@@ -178,6 +178,6 @@ def all_gather(
             fit, an output with overlapping elements), ranks that disagree (`check`), or a tag
             mismatch (the ranks issued different collectives; the outputs it fed are NaN).
     """
-    return collective(ALL_GATHER_SHAPE, (output, input), group, config, "sum", async_op, min_bytes, pipeline,
-                      backend, check)
+    return collective(ALL_GATHER_SHAPE, (output, input), group, config, "sum", min_bytes, pipeline, backend, check,
+                      async_op)
 
