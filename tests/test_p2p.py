@@ -50,3 +50,27 @@ def test_the_handshake_and_the_payload_are_counted_where_issued():
     rep = run_ranks(cases.handshake_counted, 2, timeout_s=300, pg_timeout_s=60)
     assert rep[0]["fingerprint"] == rep[1]["fingerprint"] == 16, rep  # once per signature, per end
     assert rep[0]["sends"] == [rep[0]["wire"]] * 2 and rep[1]["sends"] == [], rep
+
+
+def test_a_stochastic_message_has_the_same_bytes_on_both_codec_paths():
+    """The reference path salts a message's seed as the kernels do (rank, message number, slot 0):
+    the same message number gives the same wire bytes on the Triton and torch paths (before the
+    message ran under the plans, the torch path left the slot out and its bytes differed)."""
+    import itertools
+
+    import torch
+
+    import taco_triton as taco
+    from taco_triton.collectives import p2p
+    from taco_triton.state import STATE
+
+    cfg = taco.CompressionConfig(codec="int4", group_size=32, hadamard=False, rounding="stochastic")
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(0)).bfloat16()
+    wires, saved = {}, STATE.messages_sent
+    try:
+        for backend in ("triton", "torch"):
+            STATE.messages_sent = itertools.count(7)
+            wires[backend] = p2p.encode(x, cfg, backend)
+    finally:
+        STATE.messages_sent = saved
+    assert torch.equal(wires["triton"], wires["torch"])
