@@ -60,6 +60,14 @@ def test_every_point_to_point_message_goes_through_the_process_group_calls():
     assert not [f for f in found if f.startswith("taco_triton/")], found
 
 
+def test_only_the_cuda_seam_touches_cuda_in_the_collectives():
+    """Streams, events and device queries of the collectives go through `_streams` (which tests
+    replace with recording fakes, `host_audit.fake_streams`)."""
+    found = [f for f in offenders(r"\btorch\.cuda\.", {"taco_triton/collectives/_streams.py"})
+             if f.startswith("taco_triton/collectives/")]
+    assert not found, found
+
+
 def test_the_rule_reader_finds_a_copy():
     """The reader sees a builder call outside its home (it would be blind if `offenders` skipped all)."""
     assert offenders(r"\bcompress_slots_launch\(", set()), "the kernel module itself calls it"

@@ -197,8 +197,7 @@ def _cuda_async(plan, src, dst, seq, group, after, copy_back):
         if device.type != "cuda":  # the schedule driven on CPU tensors (tests)
             fut = torch.futures.Future()
         else:
-            fut = torch.futures.Future(devices=[device if device.index is not None
-                                                else torch.device("cuda", torch.cuda.current_device())])
+            fut = torch.futures.Future(devices=[_streams.indexed(device)])
         with _streams.use(comm):
             fut.set_result(result)
         return fut

@@ -21,7 +21,6 @@ next message of the signature shakes hands again.
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -31,6 +30,7 @@ import torch
 from ..env import check_mode
 from ..state import STATE
 from . import _pg
+from .work import Deferred
 
 TAG = 0x7AC0  # the handshake's messages never match a payload's (tag 0)
 
@@ -106,52 +106,6 @@ class Handshake:
         again."""
         if STATE.handshakes.get(self.key) is self:
             del STATE.handshakes[self.key]
-
-
-class Deferred:
-    """An operation with a peer posted later, in issue order, by that peer's thread (`submit`).
-    `post()` posts it and returns (works, failed): the Works to wait for and a Handshake whose
-    error the operation ends with, or None. `wait()` waits until it is posted, then for its works,
-    then raises the handshake's error, or whatever posting raised, at this and every later call."""
-
-    def __init__(self, post: Callable[[], tuple], device: torch.device):
-        self._post = post
-        self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None  # the issuer's
-        self._posted = threading.Event()
-        self._works: list = []
-        self._failed = None
-        self._error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-                self._works, self._failed = self._post()
-        except BaseException as e:  # noqa: BLE001 - handed to wait()
-            self._error = e
-        self._posted.set()
-
-    def fail(self, error: BaseException) -> None:
-        """End without posting (an earlier operation with the peer could not be posted)."""
-        self._error = error
-        self._posted.set()
-
-    def wait(self, timeout=None) -> bool:
-        self._posted.wait()
-        works, self._works = self._works, []  # once: a gloo p2p Work waited twice blocks
-        for w in works:
-            w.wait()
-        if self._failed is not None:
-            self._error, failed, self._failed = self._failed.error, self._failed, None
-            failed.raised()
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._posted.is_set() and self._error is None and self._failed is None and all(
-            w.is_completed() for w in self._works)
-
-
 
 
 def submit(key: tuple, post: Callable[[], tuple], device: torch.device, defer: bool,

@@ -71,6 +71,11 @@ def wait_event(stream, ev) -> None:
     stream.wait_event(ev)
 
 
+def indexed(device: torch.device) -> torch.device:
+    """`device` with its index (a bare "cuda" is the current device)."""
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def use(stream):
     """A context in which `stream` is the current stream."""
     return torch.cuda.stream(stream)

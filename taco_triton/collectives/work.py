@@ -17,6 +17,8 @@ it wraps.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
 
 import torch
@@ -235,6 +237,51 @@ def as_work(pending, result, device: torch.device, then: Callable[[], None] | No
     return work
 
 
+class Deferred:
+    """An operation with a peer posted later, in issue order, by that peer's thread (`_handshake.submit`),
+    on the stream that was current where it was issued.
+    `post()` posts it and returns (works, failed): the Works to wait for and a Handshake whose
+    error the operation ends with, or None. `wait()` waits until it is posted, then for its works,
+    then raises the handshake's error, or whatever posting raised, at this and every later call."""
+
+    def __init__(self, post: Callable[[], tuple], device: torch.device):
+        self._post = post
+        self._stream = _streams.current(device) if _streams.on_streams(device) else None  # the issuer's
+        self._posted = threading.Event()
+        self._works: list = []
+        self._failed = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with _streams.use(self._stream) if self._stream is not None else contextlib.nullcontext():
+                self._works, self._failed = self._post()
+        except BaseException as e:  # noqa: BLE001 - handed to wait()
+            self._error = e
+        self._posted.set()
+
+    def fail(self, error: BaseException) -> None:
+        """End without posting (an earlier operation with the peer could not be posted)."""
+        self._error = error
+        self._posted.set()
+
+    def wait(self, timeout=None) -> bool:
+        self._posted.wait()
+        works, self._works = self._works, []  # once: a gloo p2p Work waited twice blocks
+        for w in works:
+            w.wait()
+        if self._failed is not None:
+            self._error, failed, self._failed = self._failed.error, self._failed, None
+            failed.raised()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._posted.is_set() and self._error is None and self._failed is None and all(
+            w.is_completed() for w in self._works)
+
+
 class WaitAll(dist.Work):
     """One Work for several: `wait()` waits for each in order. `works` may grow until then (the
     Works issued inside a coalescing block); `result` is what `get_future()` completes with."""
@@ -299,9 +346,7 @@ def completed(result, device: torch.device):
         A ``torch.distributed.Work`` that is already complete.
     """
     if device.type == "cuda" and result is not None:
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        fut = torch.futures.Future(devices=[device])
+        fut = torch.futures.Future(devices=[_streams.indexed(device)])
     else:  # CPU work is done; a coalescing block's end has no tensors to order
         fut = torch.futures.Future()
     fut.set_result(result)
