@@ -246,7 +246,7 @@ class Deferred:
 
     def __init__(self, post: Callable[[], tuple], device: torch.device):
         self._post = post
-        self._stream = _streams.current(device) if _streams.on_streams(device) else None  # the issuer's
+        self._stream = _streams.current(device) if device.type == "cuda" else None  # the issuer's (CUDA only)
         self._posted = threading.Event()
         self._works: list = []
         self._failed = None
