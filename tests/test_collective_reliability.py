@@ -143,23 +143,45 @@ def test_graph_seeded_calls_round_afresh_with_the_same_call_number(graph_seeds):
 
 @pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
 def test_p2p_encode_salts_the_seed_with_the_device_counter(monkeypatch, rounding):
-    """A message encoded with the graph seeds twice from the same host seed: different bytes for
-    stochastic rounding, exactly those of a host seed salted with the counter's value
-    (`slots.salt`, the same mixing); nearest rounding: the bytes of the eager encode."""
+    """A message encoded with the graph seeds twice under the same message number: different
+    bytes for stochastic rounding, exactly those of the plan's eager launch with the message's
+    host seed salted with the counter's value (`slots.salt`, the same mixing); nearest rounding:
+    the bytes of the eager encode."""
+    import itertools
+
+    from taco_triton.state import STATE
+
     cfg = cases.STOCHASTIC.replace(rounding=rounding)
     x = torch.randn(1024, generator=torch.Generator().manual_seed(5)).bfloat16()
-    m = p2p._message(x, cfg, "triton")
-    eager = m.encode(x, 77).clone()
-    monkeypatch.setattr(_streams, "graph_seeds", lambda device: True)
-    wires = [m.encode(x, 77).clone() for _ in range(2)]
-    counter = int(slots.seed_counter(x.device)[0])
-    monkeypatch.undo()
+    saved = STATE.messages_sent
+
+    def encode():  # message number 77 every time
+        STATE.messages_sent = itertools.count(77)
+        return p2p.encode(x, cfg, "triton").clone()
+
+    try:
+        eager = encode()
+        monkeypatch.setattr(_streams, "graph_seeds", lambda device: True)
+        wires = [encode() for _ in range(2)]
+        counter = int(slots.seed_counter(x.device)[0])
+        monkeypatch.undo()
+    finally:
+        STATE.messages_sent = saved
     if rounding == "nearest":
         assert torch.equal(wires[0], eager) and torch.equal(wires[1], eager)
         return
+    plan = p2p._message(x, cfg, "triton")
+
+    def eager_with(seed):  # the plan's eager compress launch with this host seed
+        wire = torch.empty(plan.slices[0].slot, dtype=torch.uint8)
+        plan.launches[0][0](x, wire, seed)
+        return wire
+
+    host = slots.salt(cfg.seed, 0, 77)  # (rank, message number): one process, rank 0
+    assert torch.equal(eager, eager_with(host))
     assert not torch.equal(wires[0], wires[1])
-    assert torch.equal(wires[1], m.encode(x, slots.salt(77, counter)))
-    assert torch.equal(wires[0], m.encode(x, slots.salt(77, counter - 1)))
+    assert torch.equal(wires[1], eager_with(slots.salt(host, counter)))
+    assert torch.equal(wires[0], eager_with(slots.salt(host, counter - 1)))
 
 
 # ---------------------------------------------------- p2p receives that never block
