@@ -405,6 +405,19 @@ class Prepared:
         return self.call(*values, **named)
 
 
+class FusedOp:
+    """What the op of each kernel module shares (`compress.CompressOp`, `decompress.DecompressOp`,
+    `reduce.ReduceOp`): the config, the device the launches run on (None: only compiled, for
+    bench/aot.py), the compile target (None: the device's) and the launch parameters,
+    `params(kernel, dtype, numel)` (None: `launch_params` on the device)."""
+
+    def __init__(self, config: CompressionConfig, device: torch.device | None = None, target: Target | None = None,
+                 params=None):
+        self.config, self.device = config, device
+        self.target = target_of(device) if target is None else target
+        self.params = params or (lambda kernel, dtype, numel: launch_params(kernel, device, dtype, config, numel))
+
+
 def in_order(calls):
     """One function that runs `calls` (prepared launches' `call`s) in order with the same
     arguments: a single launch as itself, or an aligned main launch and its tail

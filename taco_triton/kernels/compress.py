@@ -19,7 +19,7 @@ from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
 from ._common import STOCHASTIC, codec_constexprs, encoder_constexprs, hadamard_rows, load_tables, row_absmax
 from . import slots
-from ._launch import Launch, Prepared, Target, in_order, launch_meta, launch_params, op16, target_of
+from ._launch import FusedOp, Launch, Prepared, Target, in_order, launch_meta, op16
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, load_dense, quantize_store, taco_prescale, tile_rows
 from ._slot_io import (
@@ -232,7 +232,7 @@ def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: Comp
                        seed=config.seed if seed is None else seed, seq_ptr=seq_ptr), meta, device)
 
 
-class CompressOp:
+class CompressOp(FusedOp):
     """Every launch of the fused compress, decided in this one place: the kernel (dense, or
     slotted with tags), its launch parameters (asked under the kernel's own name), a dense
     launch's aligned split, a slotted launch's tiles and alignment (from its pieces and layouts),
@@ -241,22 +241,12 @@ class CompressOp:
     bench/aot.py (both) build their launches here, so a change of a kernel's parameters is a
     change of this file.
 
-    Args:
-        config: the `CompressionConfig`.
-        device: where the launches run (None: only compiled, for bench/aot.py).
-        target: the compile target (None: the device's, `target_of`).
-        params: `(kernel, dtype, numel) -> launch parameters` (None: `launch_params` on `device`).
+    Constructed as `_launch.FusedOp` (config, device, target, params).
     """
 
     #: What a repeated call passes: call argument -> the kernel parameter(s) it fills.
     DENSE_CALL = {"x": "x_ptr", "codes": "codes_ptr", "scale_a": "scale_a_ptr", "scale_b": "scale_b_ptr"}
     SLOTS_CALL = {"x": "x_ptr", "wire": "out_ptr", "seed": "seed"}
-
-    def __init__(self, config: CompressionConfig, device: torch.device | None = None, target: Target | None = None,
-                 params=None):
-        self.config, self.device = config, device
-        self.target = target_of(device) if target is None else target
-        self.params = params or (lambda kernel, dtype, numel: launch_params(kernel, device, dtype, config, numel))
 
     def dense_launches(self, x, codes, a, b, numel: int, split: bool = True) -> tuple[Launch, ...]:
         """`compress_launches` with this op's parameters (kernel "compress")."""

@@ -19,7 +19,7 @@ from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
 from ._common import E4M3, INT8, codec_constexprs, decode_target_codes, hadamard_rows, load_codes, load_tables
 from . import slots
-from ._launch import Launch, Prepared, Target, in_order, launch_meta, launch_params, op16, target_of
+from ._launch import FusedOp, Launch, Prepared, Target, in_order, launch_meta, op16
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, check_inf_above, load_scales, pin_rows, store_dense, tile_rows
 from ._slot_io import (
@@ -211,29 +211,19 @@ def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int,
                   meta, device)
 
 
-class DecompressOp:
+class DecompressOp(FusedOp):
     """Every launch of the fused decompress, decided in this one place (as `compress.CompressOp`):
     the kernel (dense, or slotted with tag checks), its launch parameters under the kernel's own
     name, the aligned split, a slotted launch's tiles and alignment, and what a repeated call
     passes, by name. `ops`, the collectives' and p2p's plans and bench/aot.py build their launches
     here.
 
-    Args:
-        config: the `CompressionConfig`.
-        device: where the launches run (None: only compiled, for bench/aot.py).
-        target: the compile target (None: the device's, `target_of`).
-        params: `(kernel, dtype, numel) -> launch parameters` (None: `launch_params` on `device`).
+    Constructed as `_launch.FusedOp` (config, device, target, params).
     """
 
     #: What a repeated call passes: call argument -> the kernel parameter(s) it fills.
     DENSE_CALL = {"codes": "codes_ptr", "scale_a": "scale_a_ptr", "scale_b": "scale_b_ptr", "out": "out_ptr"}
     SLOTS_CALL = {"wire": "data_ptr", "out": "out_ptr", "err": "err_ptr", "k": "k", "seq": "seq"}
-
-    def __init__(self, config: CompressionConfig, device: torch.device | None = None, target: Target | None = None,
-                 params=None):
-        self.config, self.device = config, device
-        self.target = target_of(device) if target is None else target
-        self.params = params or (lambda kernel, dtype, numel: launch_params(kernel, device, dtype, config, numel))
 
     def dense_launches(self, codes, a, b, out, numel: int, inf_above: float = math.inf,
                        split: bool = True) -> tuple[Launch, ...]:

@@ -30,7 +30,7 @@ from ._common import (
     row_absmax,
 )
 from . import slots
-from ._launch import Launch, Prepared, Target, launch_meta, launch_params, target_of
+from ._launch import FusedOp, Launch, Prepared, Target, launch_meta
 from ._tables import SB_PER_TILE, TILE_ELEMS, hadamard_tables
 from ._tile import check_inf_above, load_scales, quantize_store, store_dense, taco_prescale, tile_rows
 from ._slot_io import read_tag, record_error, salt_in_kernel, write_tag
@@ -168,7 +168,7 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
         k=0, seq=0, a_off=layout.scale_a_offset, b_off=layout.scale_b_offset, seq_ptr=seq_ptr), meta, device)
 
 
-class ReduceOp:
+class ReduceOp(FusedOp):
     """Every launch of the fused reduce, decided in this one place (as `compress.CompressOp`): the
     collectives' tagged reduce over P wire rows of one slot stride (the scale regions found at
     their byte offsets in each row, so a call passes the rows once), into a requantized slot
@@ -176,11 +176,7 @@ class ReduceOp:
     own name; the graph-seed variant; and what a repeated call passes, by name. The collectives'
     plans and bench/aot.py build their launches here; `reduce_triton` (the eager op) is below.
 
-    Args:
-        config: the `CompressionConfig`.
-        device: where the launches run (None: only compiled, for bench/aot.py).
-        target: the compile target (None: the device's, `target_of`).
-        params: `(kernel, dtype, numel) -> launch parameters` (None: `launch_params` on `device`).
+    Constructed as `_launch.FusedOp` (config, device, target, params).
     """
 
     #: What a repeated call passes: the rows fill the codes and both scale pointers, the output
@@ -188,12 +184,6 @@ class ReduceOp:
     SLOTS_CALL = {"rows": ("in_codes_ptr", "in_a_ptr", "in_b_ptr"),
                   "out": ("out_codes_ptr", "out_a_ptr", "out_b_ptr", "out_ptr"),
                   "seed": "seed", "err": "err_ptr", "k": "k", "seq": "seq"}
-
-    def __init__(self, config: CompressionConfig, device: torch.device | None = None, target: Target | None = None,
-                 params=None):
-        self.config, self.device = config, device
-        self.target = target_of(device) if target is None else target
-        self.params = params or (lambda kernel, dtype, numel: launch_params(kernel, device, dtype, config, numel))
 
     def slots_launch(self, rows, stride: int, n_ranks: int, out, numel: int, scale: float, dense: bool, err,
                      tag_in: int, tag_out: int, slot_end: int, inf_above: float = math.inf,
