@@ -60,11 +60,14 @@ odd-sized launch within `ODD_WITHIN` of its aligned twin.
 What a collective's row counts (conventions: an upper bound of what runs, never less). Reading
 SASS, a CALL to code that never returns is a branch (ptxas ends sm_80 loops with
 `@!P4 CALL.REL.NOINC` to the code after them), and a BRA.DIV's fallback for a diverged warp is not
-taken (Triton's branches are uniform: warps arrive converged). Counted although they may not run:
-the code outside loops, once in every program; the loops
-around a slot's tag and zero padding (`_slot_io.write_tag`), as many times as the plan's slots or the
-reduce's ranks make them, though the padding loop runs no iteration when a slot's padding fits in
-the tag's 32 bytes (the plan's strides); code on a branch a tile skips (a slow path's call set-up,
+taken (Triton's branches are uniform: warps arrive converged). The fused reduce's work for the
+whole launch, which program 0 alone runs (the output slot's tag and padding, the error record;
+found by their source lines, `_program0_code`), counts once, its padding loop as many times as the
+slot's padding has 1 KiB chunks past the tag's 32 bytes (`reduce_pad_chunks`: none at the plans'
+strides). Counted although they may not run: the code outside loops, once in every program; the
+loops around a slotted kernel's tags and zero padding (`_slot_io.write_tag`), as many times as the
+plan's slots make them, though the padding loop runs no iteration when a slot's padding fits in
+the tag's 32 bytes; code on a branch a tile skips (a slow path's call set-up,
 the element-wise path where `tile_arms` does not find two paths). Not counted: subroutines (the
 slow paths, `slow_calls_per_tile` and the *_worst columns; the shuffles of a diverged warp).
 
@@ -618,7 +621,7 @@ def analyze_cuda(kernel, gpu: GPU) -> dict:
             "smem_dynamic": kernel.metadata.shared, "instr_per_tile": per_tile, "static_instr": len(instrs),
             "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
             **_slow_calls(instrs, weighted), "instrs": instrs, "cfg": _cfg_loops(instrs, _sass_successors(instrs)),
-            "desc_loads": _desc_loads(instrs, _sass_lines(listing, instrs))}
+            **_line_sets(instrs, _sass_lines(listing, instrs))}
 
 
 def _sass_lines(listing: str, instrs) -> dict[int, tuple[str, int]]:
@@ -661,6 +664,24 @@ def _desc_loads(instrs, lines: dict) -> dict:
     loads = {i: loc for i, loc in lines.items() if _global_access(instrs[i][1])}
     return {"all": sorted(i for i, loc in loads.items() if loc in body | lookup),
             "tile": sorted(i for i, loc in loads.items() if loc in lookup)}
+
+
+def _program0_code(lines: dict) -> list[int]:
+    """The instructions (indices) of the fused reduce's work for the whole launch, which program 0
+    alone runs (`reduce._reduce_kernel`: `if pid == 0`): the output slot's tag and padding
+    (`_slot_io.write_tag`) and the error record (`_slot_io.record_error`), by their source lines
+    (`lines`: index -> (file name, line)). Instructions the compiler moved out of the branch keep
+    other lines and count in every program."""
+    from taco_triton.kernels import _slot_io
+
+    once = _function_lines(_slot_io.write_tag) | _function_lines(_slot_io.record_error)
+    return sorted(i for i, loc in lines.items() if loc in once)
+
+
+def _line_sets(instrs, lines: dict) -> dict:
+    """What the model reads from the instructions' source lines: the descriptor loads
+    (`_desc_loads`) and the reduce's program-0 code (`_program0_code`)."""
+    return {"desc_loads": _desc_loads(instrs, lines), "program0": _program0_code(lines)}
 
 
 _AMD_WIDTH = {"dword": 4, "dwordx2": 8, "dwordx3": 12, "dwordx4": 16, "b32": 4, "b64": 8, "b96": 12, "b128": 16}
@@ -758,7 +779,7 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
             "instr_per_tile": per_tile, "static_instr": len(instrs),
             "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
             "slow_calls_per_tile": 0, "slow_instr_per_tile": 0, "classes": classes, "instrs": instrs,
-            "cfg": _cfg_loops(instrs, _gcn_successors(instrs, labels)), "desc_loads": _desc_loads(instrs, lines)}
+            "cfg": _cfg_loops(instrs, _gcn_successors(instrs, labels)), **_line_sets(instrs, lines)}
 
 
 #: The instruction classes of AMD's CU scheduler, each issued to its own unit (AMD, ROCm Compute
@@ -1158,7 +1179,7 @@ def loop_nest(a: dict, kernel: str) -> dict | None:
 
 
 def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, ranks: int,
-                   slow_tiles: int | None = None) -> list[tuple[int, float]]:
+                   slow_tiles: int | None = None, pad_chunks: int | None = None) -> list[tuple[int, float]]:
     """(instruction index, times it runs in the whole launch) for a compiled launch: the model of
     one launch of a collective, its per-program and per-slot work counted, not only its tile loop.
 
@@ -1174,7 +1195,9 @@ def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, 
     calls are counted apart) never. With `slow_tiles` (a slotted kernel compiled for any alignment,
     `slots.slow_tiles` of its descriptor rows; a dense reduce of an odd size, its last tile), the
     tile loop's two paths (`tile_arms`) run `tiles - slow_tiles` and `slow_tiles` times. Other code on a skipped branch counts, as in the
-    plain model."""
+    plain model. With `pad_chunks` (the fused reduce: the chunks of 1 KiB its output slot's padding
+    loop writes, `reduce_pad_chunks`), the code of program 0 alone (`_program0_code`: the output's tag
+    and padding, the error record) runs once, its padding loop `pad_chunks` times."""
     cfg = a["cfg"]
     n = len(a["instrs"])
     reached = set(cfg["reached"])
@@ -1202,12 +1225,27 @@ def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, 
         for i in bodies[h]:
             innermost[i] = h
     out = [(i, 0.0 if i not in reached else float(programs if h is None else times(h))) for i, h in enumerate(innermost)]
+    if pad_chunks is not None and kernel.startswith("reduce"):
+        once = set(a.get("program0", ()))
+        main = {tile_loop, nest["rank"]}  # never the tile nest's code, whatever its lines say
+        out = [(i, w if i not in once or w == 0 or innermost[i] in main
+                else float(pad_chunks if innermost[i] is not None else 1)) for i, w in out]
     arms = tile_arms(a, bodies[tile_loop], tile_loop) if slow_tiles is not None and tile_loop is not None else None
     if arms is not None:
         fast, slow = arms
         out = [(i, float(tiles - slow_tiles) if i in fast else float(slow_tiles) if i in slow else w)
                for i, w in out]
     return out
+
+
+def reduce_pad_chunks(launch) -> int:
+    """The iterations of the fused reduce's padding loop (`_slot_io.write_tag`: 1 KiB a chunk past the
+    tag's 32 bytes, up to the slot's end) in this launch: 0 where the slot's padding fits in those
+    32 bytes (every stride the plans make at these sizes), 0 for the dense output (no tag)."""
+    args = launch.args
+    if launch.meta.get("DENSE") or not launch.meta.get("TAGGED"):
+        return 0
+    return max(0, -(-(args["tag_end"] - args["tag_pos"] - 32) // 1024))
 
 
 def weigh(a: dict, weights: list[tuple[int, float]], per: float) -> dict:
@@ -1336,7 +1374,8 @@ def hot_rows(hv: HotVariant, target: str, analyses: dict) -> list[dict]:
             r["error"] = a
             continue
         progs = programs_of(gpu, launch, a)
-        w = launch_weights(a, kernel, progs, x["tiles"], x["slots"], hv.world, x["slow_tiles"])
+        w = launch_weights(a, kernel, progs, x["tiles"], x["slots"], hv.world, x["slow_tiles"],
+                           reduce_pad_chunks(launch) if kernel.startswith("reduce") else None)
         r["parts"].append((x, a, w, progs))
     out = []
     for kernel, r in rows.items():

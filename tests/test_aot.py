@@ -122,6 +122,38 @@ def test_launch_model_counts_per_program_per_slot_and_per_tile_work():
     assert [w[i] for i in range(12)] == [10, 50, 200, 200, 200, 200, 200, 50, 50, 10, 50, 0]
 
 
+def test_program_zero_work_of_the_reduce_counts_once():
+    """The fused reduce's output tag, padding and error record are written by program 0 alone
+    (`if pid == 0`): by their source lines (`_program0_code`) the model counts that code once per
+    launch and the padding loop as many times as the slot's padding has 1 KiB chunks past the
+    tag's 32 bytes (none at the plans' strides), where it counted both in every program, and the
+    padding loop as often as the ranks' tag checks. The tile nest is never taken for such code."""
+    aot = _aot_module()
+    sass = [
+        (0x00, "S2R R0, SR_CTAID.X"),
+        (0x10, "LDG.E.U8 R1, desc[UR4][R2.64]"),  # the ranks' tag checks: a loop, every program
+        (0x20, "@P0 BRA 0x10"),
+        (0x30, "@P1 BRA 0x80"),                   # pid != 0: past the output's tag
+        (0x40, "STG.E.U8 desc[UR4][R2.64], R5"),  # write_tag: the tag
+        (0x50, "STG.E.64 desc[UR4][R2.64], RZ"),  # write_tag: the padding loop
+        (0x60, "@P2 BRA 0x50"),
+        (0x70, "MOV R6, RZ"),                     # write_tag, after its loop
+        (0x80, "FADD R7, R7, R7"),                # tile loop header
+        (0x90, "FMUL R8, R8, R8"),                # rank loop
+        (0xa0, "@P3 BRA 0x90"),
+        (0xb0, "@P4 BRA 0x80"),                   # tile loop latch
+        (0xc0, "EXIT"),
+    ]
+    a = {"instrs": sass, "cfg": aot._cfg_loops(sass, aot._sass_successors(sass)), "program0": [4, 5, 6, 7, 8]}
+    before = dict(aot.launch_weights(a, "reduce_tagged", programs=10, tiles=50, slots=4, ranks=4))
+    assert [before[i] for i in range(13)] == [10, 40, 40, 10, 10, 40, 40, 10, 50, 200, 200, 50, 10]
+    w = dict(aot.launch_weights(a, "reduce_tagged", programs=10, tiles=50, slots=4, ranks=4, pad_chunks=0))
+    # instruction 8, the tile loop's header, is never program 0's alone whatever its line says
+    assert [w[i] for i in range(13)] == [10, 40, 40, 10, 1, 0, 0, 1, 50, 200, 200, 50, 10]
+    w = dict(aot.launch_weights(a, "reduce_tagged", programs=10, tiles=50, slots=4, ranks=4, pad_chunks=3))
+    assert [w[5], w[6]] == [3, 3]
+
+
 def test_launch_model_weighs_the_vector_and_element_wise_paths_of_a_tile():
     """A slotted launch compiled for any alignment runs each tile on one of two paths: the model
     counts the vector path for the launch's fast tiles and the element-wise one (more global
