@@ -132,8 +132,11 @@ def _compress_slots_kernel(
         d = desc_ptr + j * DESC
         write_tag(out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), ALIGN), tl.load(d + NBYTES), tl.load(d + SLOT_END),
                   tl.load(d + TAG))
+    # the lookup's vector at least 8 wide: with 2 or 4 lanes ptxas held sm_80's INT6 compress at 128
+    # registers and spilled 8 B; 8 wide it takes 143 and none, as at P = 8 (bench/aot.py)
+    LOOKUP: tl.constexpr = MAX_SLOTS if MAX_SLOTS >= 8 else 8
     for g in range(pid, n_tiles, nprog):  # tile g of the launch: tile g - TILE_BASE of its slot
-        j = slot_of(desc_ptr, n_chunks, g, MAX_SLOTS)
+        j = slot_of(desc_ptr, n_chunks, g, LOOKUP)
         d = desc_ptr + j * DESC
         t = g - tl.load(d + TILE_BASE)
         slot = out_ptr + tl.multiple_of(tl.load(d + SLOT_OFF), ALIGN)  # slots are 16-byte aligned
