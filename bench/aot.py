@@ -938,8 +938,8 @@ def select(vs: list[Variant], only: str | None = None, numel: int | None = None)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 HOT_WORLDS = (2, 4, 8, 16)
 HOT_MIB = (16, 64)
-#: The reduced set `tests/test_aot.py` compiles in CI (every launch kind, aligned and odd; the
-#: full set is `--set hotpath`).
+#: The reduced set `tests/test_aot.py` compiles in CI (every launch kind, aligned and odd, FP8,
+#: INT8, INT6 and INT4; the full sets are `--set hotpath` and `--set hotpath-subbyte`).
 HOT_CI = {"worlds": (8,), "mib": (16,), "targets": ("sm_90", "sm_80")}
 #: The least % of copy bandwidth every launch of the collectives is to reach by this model.
 HOT_FLOORS = {"sm_90": 95.0, "sm_100": 85.0, "sm_80": 80.0, "sm_89": 80.0, "gfx942": 80.0}
@@ -967,16 +967,17 @@ class HotVariant:
 
 def hot_variants(which: str) -> list[HotVariant]:
     """The collective calls of a set: "hotpath" (every collective, P = 2, 4, 8, 16, 16 and 64 MiB,
-    aligned and odd, FP8 and INT8), "ci" (`HOT_CI` of it), "subbyte" (the same calls with INT6
-    and INT4 at G = 32; "hotpath-subbyte" the same), else none."""
+    aligned and odd, FP8 and INT8), "subbyte" (the same calls with INT6 and INT4 at G = 32;
+    "hotpath-subbyte" the same), "ci" (`HOT_CI` of both), else none."""
     default = CompressionConfig()
     worlds, mib = HOT_WORLDS, HOT_MIB
+    eight = (default, default.replace(codec="int8"))
+    sub = (default.replace(codec="int6", group_size=32), default.replace(codec="int4", group_size=32))
     if which == "ci":
         worlds, mib = HOT_CI["worlds"], HOT_CI["mib"]
     elif which not in ("hotpath", "subbyte", "hotpath-subbyte"):
         return []
-    configs = ((default.replace(codec="int6", group_size=32), default.replace(codec="int4", group_size=32))
-               if which in ("subbyte", "hotpath-subbyte") else (default, default.replace(codec="int8")))
+    configs = eight + sub if which == "ci" else sub if which in ("subbyte", "hotpath-subbyte") else eight
     return [HotVariant(c, w, m, odd, cfg) for cfg in configs for c in COLLECTIVES for w in worlds for m in mib
             for odd in (False, True)]
 
@@ -1486,17 +1487,56 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
      "the dot by 32-column chunks leaves 48-88 B (one dot: 1240 B)"),
     ({"kernel": "compress", "dtype": "fp32", "target": "sm_89"}, "spills: as sm_80 FP32 input"),
     # the collectives' launches (`--set hotpath`, floors `HOT_FLOORS`)
-    ({"kernel": "reduce_tagged", "target": "sm_90"},
-     "P = 2 and 4: one tile per program (a rank's piece of a 16 MiB slice at P = 2 is 256 tiles for 264 resident "
-     "programs), so each program's fixed work (the P tags checked, the output slot's tag, 64-bit row pointers) "
-     "is paid per tile, against a launch that moves only P + 1 wire bytes per element"),
+    # INT6 and INT4 (`--set hotpath-subbyte`): the sub-byte entries first, as they name every target
+    ({"kernel": "reduce_tagged", "codec": "int4"},
+     "every rank's packed codes decoded in the loop over ranks: a nibble shifted out and sign-extended, converted, "
+     "multiplied by its row's factor and added (sm_90: 379 instructions per rank and tile, 5.9 per element) "
+     "against 0.53 wire bytes per element and rank, for which 95% of H200's copy bandwidth allows 0.14 "
+     "warp-instructions per element (277 per rank and tile): the multiply and the add alone take 128, FP32 as "
+     "the reference rounds (a fused multiply-add rounds once, other bytes). What it would take: a decode in "
+     "pairs (two codes per 32-bit half-precision operation) halves the conversion's share, not the rest"),
+    ({"kernel": "reduce_tagged", "codec": "int6"},
+     "as INT4: every rank's codes decoded (shift, sign-extend, convert, multiply, add) against 0.78 wire bytes "
+     "per element and rank"),
+    ({"kernel": "reduce_tagged_dense", "codec": "int4"},
+     "as the INT4 tagged reduce, plus the inverse transform of the FP32 sums"),
+    ({"kernel": "reduce_tagged_dense", "codec": "int6", "target": "sm_90"},
+     "as the INT6 tagged reduce, plus the inverse transform of the FP32 sums"),
+    ({"kernel": "reduce_tagged_dense", "codec": "int6", "target": "sm_100"},
+     "as the INT6 tagged reduce, plus the inverse transform of the FP32 sums, against B200's 8 TB/s"),
+    ({"kernel": "compress_slots", "codec": "int6", "target": "sm_90"},
+     "G = 32: 256 rows a tile, and the transform's output holds each row in 4 threads (8 rows a thread), so "
+     "each row's scale work runs 4 times: its two correctly rounded divisions (the group code's ratio to the "
+     "super-block, the reciprocal) take 290 of 1,515 warp-instructions per tile (all_reduce at P = 8). What it "
+     "would take: the per-row work in a layout of one row per thread (a quarter of it), which Triton's layout "
+     "choice does not give for values reduced from the transform's output"),
+    ({"kernel": "compress_slots", "codec": "int4", "target": "sm_90"}, "as INT6: G = 32, each row's scale work "
+     "in the 4 threads that hold the row"),
+    ({"kernel": "decompress_slots", "codec": "int6", "target": "sm_100"},
+     "one tile per program (1,024 tiles for 512 programs a slice at 16 MiB), so each program's set-up weighs a "
+     "tile's work: 165 of 665 warp-instructions per tile, 79 of them allocating and releasing the tensor memory "
+     "of tcgen05's MMA, against B200's 8 TB/s; odd sizes also as the entry for sm_100's odd decompress"),
+    ({"kernel": "reduce_tagged_dense", "target": "sm_100", "codec": "int4", "odd": True},
+     "spills 8 B: the odd 64 MiB call's whole-tile slices (2,400,256 elements, a specialization of their own) "
+     "get 168 registers from ptxas where the same kernel takes 176-198 in every other call, and none spills. "
+     "What it would take: a register budget per launch (Triton's maxnreg), which the launches do not pass"),
+    # FP8 and INT8
+    ({"kernel": "reduce_tagged", "target": "sm_90", "world": 2},
+     "P = 2: one tile per program and slice (a rank's piece of a 16 MiB slice is 256 tiles for 264 resident "
+     "programs), so each program's fixed work (103 warp-instructions outside loops: set-up, 64-bit row pointers; "
+     "23 per rank for its tag) is paid per tile, and the tile loop's scale work runs per row in each of the 8 "
+     "threads that hold a row (the two correctly rounded divisions: 155 of FP8's 820 instructions outside the "
+     "loop over ranks), against a launch that moves 3 wire bytes per element: FP8 92%, INT8 86% (0.79 and 0.85 "
+     "warp-instructions per element where 95% allows 0.77). What it would take: the per-row work in a layout "
+     "of one row per thread, or two tiles per program"),
     ({"kernel": "reduce_tagged", "target": "sm_80", "codec": "fp8_e4m3"},
      "P = 2: one tile per program and slice (256 tiles for 256 programs at 16 MiB), so each program's fixed work "
-     "(169 instructions outside loops, 98 in its two loops over ranks: the tags checked, the output's padding) is "
-     "paid per tile, on a 1,312-instruction tile loop and 606 per rank, over half of them decoding E4M3 without "
-     "FP8 hardware (byte permutes, selects, half-precision arithmetic): 1.36 warp-instructions per element where "
-     "80% of A100's copy bandwidth allows 1.26 (INT8, converted in one instruction, is at 100%). Two tiles per "
-     "program would halve the fixed work per tile (1.30); the rest takes a shorter E4M3 decode in the rank loop"),
+     "(91 instructions outside loops, 46 in its loop over the ranks' tags) is paid per tile, on a "
+     "1,312-instruction tile loop and 606 per rank, over half of them decoding E4M3 without FP8 hardware (byte "
+     "permutes, a NaN select per code, half-precision arithmetic): 1.30 warp-instructions per element where "
+     "80% of A100's copy bandwidth allows 1.26 (INT8, converted in one instruction, is at 100%). What it would "
+     "take: two tiles per program (1.27), or a decode of packed pairs (the NaN test and the conversion to FP32 "
+     "on two codes at once: about 1.5 instructions per code fewer, 1.21)"),
     ({"kernel": "reduce_tagged", "target": "sm_100"}, "as sm_90 at P = 2..8, against B200's 8 TB/s"),
     ({"kernel": "reduce_tagged_dense", "target": "sm_100"},
      "as the tagged reduce on sm_100, plus the inverse transform of the FP32 sums (three bf16 passes)"),
