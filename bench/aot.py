@@ -973,6 +973,8 @@ def hot_variants(which: str) -> list[HotVariant]:
     worlds, mib = HOT_WORLDS, HOT_MIB
     eight = (default, default.replace(codec="int8"))
     sub = (default.replace(codec="int6", group_size=32), default.replace(codec="int4", group_size=32))
+    if which == "hotpath-p2p":  # a p2p message: one slot each way, whatever the group's size
+        return [HotVariant("p2p", 2, m, odd, cfg) for cfg in eight + sub for m in mib for odd in (False, True)]
     if which == "ci":
         worlds, mib = HOT_CI["worlds"], HOT_CI["mib"]
     elif which not in ("hotpath", "subbyte", "hotpath-subbyte"):
@@ -1008,6 +1010,15 @@ def library_call(hv: HotVariant, device: torch.device = torch.device("meta")):
         raise RuntimeError("bench/aot.py makes its own (fake) process group to build a call; one exists already")
     dt = DTYPES[hv.dtype]
     n = int(hv.mib * (1 << 20)) // dt.itemsize
+    if hv.collective == "p2p":  # the message's plan as `p2p` builds it (`p2p._MessageCall`, `_shapes.Message`)
+        from taco_triton.collectives import p2p
+
+        x = torch.empty(n - hv.odd, dtype=dt, device=device)
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=hv.world)
+        try:
+            return p2p._MessageCall(x, hv.config, "triton"), _shapes.MESSAGE_SHAPE, (x, x)
+        finally:
+            dist.destroy_process_group()
     shape = {"all_reduce": _shapes.ALL_REDUCE_SHAPE, "reduce_scatter": _shapes.REDUCE_SCATTER_SHAPE,
              "all_gather": _shapes.ALL_GATHER_SHAPE}[hv.collective]
     if hv.collective == "all_reduce":
@@ -1684,11 +1695,13 @@ def run(which: str, targets: list[str], jobs: int, only: str | None = None, nume
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--set", dest="which", choices=("ci", "quick", "subbyte", "hotpath", "hotpath-subbyte", "full"),
+    ap.add_argument("--set", dest="which",
+                    choices=("ci", "quick", "subbyte", "hotpath", "hotpath-subbyte", "hotpath-p2p", "full"),
                     default="full",
                     help="ci: default, INT8 and INT6 G=32 configs (and the collectives' launches of HOT_CI); quick: the "
                          "default and its one-field neighbours; subbyte: every INT6/INT4 config (and the collectives' "
                          "INT6/INT4 launches); hotpath: the collectives' launches; hotpath-subbyte: their INT6/INT4 launches alone; "
+                         "hotpath-p2p: a p2p message's two launches (FP8, INT8, INT6, INT4); "
                          "full: all")
     ap.add_argument("--quick", dest="which", action="store_const", const="quick", help="same as --set quick")
     ap.add_argument("--targets", default=None,

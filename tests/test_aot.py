@@ -112,6 +112,27 @@ def test_the_committed_tables_of_the_collectives_meet_their_floors():
     assert not problems, "\n".join(problems)
 
 
+def test_a_p2p_messages_launches_are_in_the_model():
+    """A p2p message runs under the collectives' plans (`_shapes.Message`), so the model builds its
+    two launches as it builds theirs: the committed table (bench/results/aot_hotpath_p2p.csv,
+    `--set hotpath-p2p`, sm_90 and sm_80) holds both launches of every config, size and alignment,
+    meets the floors or an `EXCEPTIONS` entry, and agrees with the model's second reading; the
+    launches the model builds for a message are the ones the message's plan makes."""
+    import pandas as pd
+
+    aot = _aot_module()
+    rows = json.loads(pd.read_csv(ROOT / "bench" / "results" / "aot_hotpath_p2p.csv").to_json(orient="records"))
+    assert {(r["kernel"], r["target"]) for r in rows} == {(k, t) for k in ("compress_slots", "decompress_slots")
+                                                         for t in ("sm_90", "sm_80")}
+    assert len(rows) == 2 * 2 * len(aot.hot_variants("hotpath-p2p"))
+    problems = aot.check_floors(rows)
+    assert not problems, "\n".join(problems)
+    hv = aot.hot_variants("hotpath-p2p")[1]  # FP8, 16 MiB, odd
+    launches = aot.hot_launches(hv, aot.TARGETS["sm_90"])
+    assert [x["kernel"] for x in launches] == ["compress_slots", "decompress_slots"]
+    assert aot.check_launches(hv, launches) == []
+
+
 def test_launch_model_counts_per_program_per_slot_and_per_tile_work():
     """The collectives' launches are modelled over the whole launch from the natural loops of the
     control-flow graph: a loop whose latch is laid out after other code is still one loop, an
