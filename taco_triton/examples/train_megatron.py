@@ -73,8 +73,9 @@ class Stage:
     and one training / evaluation step through megatron's pipeline schedule.
 
     `use_distributed_optimizer`: DDP reduce-scatters each gradient bucket (each DP rank gets its
-    shard, as megatron's distributed optimizer expects) and can all-gather parameters
-    (`model.start_param_sync`); `train_step` needs the default (every gradient all-reduced)."""
+    shard, as megatron's distributed optimizer expects); `train_step` then runs AdamW on FP32
+    master copies of this rank's shard of each bucket (AdamW is elementwise: the same update as
+    on whole tensors) and all-gathers the parameters (`model.start_param_sync`)."""
 
     def __init__(self, args, tp: int, pp: int, device: torch.device, use_distributed_optimizer: bool = False):
         from megatron.core import parallel_state as ps
@@ -98,6 +99,12 @@ class Stage:
         self.model = DistributedDataParallel(
             self.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                        use_distributed_optimizer=use_distributed_optimizer), gpt)
+        self.dist_opt = use_distributed_optimizer
+        if use_distributed_optimizer:  # AdamW on this DP rank's shard of every bucket, as megatron's
+            dp, me = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+            self.shards = [(b.param_data.view(-1).chunk(dp)[me], b.grad_data.view(-1).chunk(dp)[me])
+                           for buf in self.model.buffers for b in buf.buckets]
+            self.master = [w.detach().float().clone().requires_grad_(True) for w, _ in self.shards]
         self.opt = torch.optim.AdamW(self.master, lr=args.lr, weight_decay=0.01)
         self.forward_backward = get_forward_backward_func()
         self.last_stage = ps.is_pipeline_last_stage()
@@ -126,10 +133,21 @@ class Stage:
         return float(sum(d["loss"] for d in losses) / len(losses))
 
     def train_step(self, x, y) -> float:
-        """Forward, backward, DP gradient reduction, AdamW on the master weights."""
+        """Forward, backward, DP gradient reduction, AdamW on the master weights (with the
+        distributed optimizer: on this rank's shards, then the parameter all-gather)."""
         self.model.zero_grad_buffer()
         loss = self._run(x, y, forward_only=False)
         self.model.finish_grad_sync()
+        if self.dist_opt:
+            for m, (_, g) in zip(self.master, self.shards):
+                m.grad = g.float()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for m, (w, _) in zip(self.master, self.shards):
+                    w.copy_(m)
+            self.model.start_param_sync(force_sync=True)
+            return loss
         for m, p in zip(self.master, self.params):
             m.grad = p.main_grad.float()
         self.opt.step()
