@@ -105,11 +105,10 @@ class TwoLevel:
         #: {key: FP32 residual of the between-node quantization}
         self.residuals: dict = {}
 
-    def check_group(self, group) -> None:
-        """ValueError unless `group` has the ranks this reduction was built for."""
-        ranks = tuple(dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size()))
-        if ranks != self.ranks:
-            raise ValueError(f"this two-level reduction was built for ranks {self.ranks}, called on {ranks}")
+    def serves(self, group) -> bool:
+        """Whether `group` has the ranks this reduction was built for."""
+        return tuple(dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())) \
+            == self.ranks
 
     def _node_sums(self, rows: torch.Tensor, op: str) -> torch.Tensor:
         """Step 1: this rank's node's sum of the chunks its local index owns ([N x chunk], node order)."""

@@ -65,8 +65,9 @@ def collective(handle, kind, tensor, output, op, group, async_op, frame):
         if deltas:  # the policy decides whether the site is compressed, the deltas' own codec how
             wd = handle.weight_deltas
             return wd.all_gather(output, tensor, group, wd.config if cfg.enabled else None, async_op=async_op)
-        if handle.two_level is not None and cfg.enabled and kind != "all_gather":
-            return two_level(handle.two_level, kind, tensor, output, op, group, async_op)
+        # megatron's other DP reductions (e.g. across distributed-optimizer instances) keep the policy's config
+        if handle.two_level is not None and cfg.enabled and kind != "all_gather" and handle.two_level.serves(group):
+            return two_level(handle.two_level, kind, tensor, output, op, async_op)
         if handle.error_feedback and cfg.enabled and kind != "all_gather":
             feed_back_error(handle.residuals, tensor, cfg,
                             dist.get_world_size(group) if kind == "reduce_scatter" else 1, site)
@@ -82,10 +83,9 @@ def collective(handle, kind, tensor, output, op, group, async_op, frame):
     return work
 
 
-def two_level(reduction, kind, tensor, output, op, group, async_op):
+def two_level(reduction, kind, tensor, output, op, async_op):
     """A gradient reduction by `reduction` (a `TwoLevel` built for `group`'s ranks), synchronous:
     with `async_op` the returned Work is already complete."""
-    reduction.check_group(group)
     if kind == "all_reduce":
         reduction.all_reduce(tensor, op)
     else:

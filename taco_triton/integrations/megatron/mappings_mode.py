@@ -185,8 +185,10 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
             (every rank creates it, after ``initialize_model_parallel``): the DP gradient
             reductions the DP policy compresses run in two levels with its codecs (default INT8
             inside a node, INT4 with error feedback between nodes) instead of the policy's
-            config; synchronous (an async request is complete when returned). It carries its
-            own error feedback: do not combine it with `error_feedback`.
+            config; synchronous (an async request is complete when returned). Reductions over
+            other groups (megatron's all-reduce across distributed-optimizer instances) keep
+            the policy's config. It carries its own error feedback: do not combine it with
+            `error_feedback`.
 
     Returns:
         A `MegatronHandle`; `handle.disable()` or `with enable(...):` undoes it.
