@@ -246,3 +246,32 @@ def pipeline_int6(rank, world) -> dict:
             return out
         finally:
             ps.destroy_model_parallel()
+
+
+def weight_deltas_plain(rank, world, steps) -> dict:
+    """`WeightDeltas` without megatron: a bf16 buffer of `world` shards, each rank moving its own
+    FP32 master shard by a random step `steps` times and gathering (odd steps async); whether
+    every rank holds the same bits, and per step this rank's error against its bound."""
+    from taco_triton.integrations.weight_deltas import WeightDeltas
+
+    m = 3000  # not a multiple of the group size: a padded last group
+    g = torch.Generator().manual_seed(7)  # the same initial weights everywhere
+    buf = (torch.randn(world * m, generator=g) * 0.05).bfloat16()
+    mine = buf[rank * m:(rank + 1) * m]
+    master = mine.float()
+    wd, errors, limits = WeightDeltas(), [], []
+    step_gen = torch.Generator().manual_seed(100 + rank)
+    wd.all_gather(buf, mine, None, None)  # the first gather: exact
+    for step in range(steps):
+        master += 1e-3 * torch.randn(m, generator=step_gen)
+        held = mine.clone()
+        mine.copy_(master)
+        new = mine.clone()
+        work = wd.all_gather(buf, mine, None, wd.config, async_op=bool(step % 2))
+        if work is not None:
+            work.wait()
+        delta = new.float() - held.float()
+        errors.append(float((mine.double() - new.double()).norm()))
+        limits.append(bounds.l2_error_bound(delta, taco.compress(delta, wd.config), torch.float32)
+                      + U_BF16 / (1 - U_BF16) * float(mine.double().norm()))
+    return {"identical": _all_equal(buf), "errors": errors, "limits": limits}

@@ -107,3 +107,12 @@ def test_pipeline_int6_bytes_and_loss():
             # sanity bound, not a format bound: INT6 after Hadamard is ~2^-5 of a group's range per
             # element of the stage boundary's activations; the loss moves far less
             assert 0 < abs(r["int6_loss"] - r["native_loss"]) <= 2.0**-5 * r["native_loss"], r
+
+
+def test_weight_deltas_without_megatron_sync_and_async():
+    from . import megatron_low_bit_cases as mc
+
+    for r in run_ranks(mc.weight_deltas_plain, 2, 6, timeout_s=200):
+        assert r["identical"]
+        for err, limit in zip(r["errors"], r["limits"]):
+            assert 0 < err <= limit, (r["errors"], r["limits"])
