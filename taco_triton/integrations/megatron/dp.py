@@ -84,7 +84,7 @@ def collective(handle, kind, tensor, output, op, group, async_op, frame):
 
 
 def two_level(reduction, kind, tensor, output, op, async_op):
-    """A gradient reduction by `reduction` (a `TwoLevel` built for `group`'s ranks), synchronous:
+    """A gradient reduction by `reduction` (a `TwoLevel` built for the call's group), synchronous:
     with `async_op` the returned Work is already complete."""
     if kind == "all_reduce":
         reduction.all_reduce(tensor, op)
