@@ -20,6 +20,10 @@ b_1..b_K of the training batch size drawn from the training text:
   gradient of b_k from the same weights with every TP collective compressed (forward and
   backward; for int4-fwd / int4-bwd one direction only), e^2 = sum_k ||g~_k - g_k||^2 / K.
 
+`--dp-modes dp-int8,dp-int4` measures data-parallel gradient codecs instead (`DP_MODES`): e is then
+the error of reducing each minibatch's gradient over 2 DP replicas (each holding half the
+minibatch) with that codec, against the exact mean of the replicas' gradients.
+
 Both use the same norm (L2 over the tensor's elements; "all": over every parameter) and the same
 batch size, so e / s compares the two noises directly. Rows with mode "bf16" measure the baseline
 itself: g_k (bf16 communication) against the gradient with FP32 communication.
@@ -57,7 +61,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autotune.meta import git_commit  # noqa: E402
 from taco_triton.examples import train_gpt  # noqa: E402
+from taco_triton import codec  # noqa: E402
 from taco_triton.examples.modes import make_policy  # noqa: E402
+from taco_triton.integrations.megatron import GRADIENT_CONFIG  # noqa: E402
+from taco_triton.integrations.two_level import INTER_CONFIG  # noqa: E402
 from taco_triton.examples.ranks import spawn_ranks  # noqa: E402
 from plots import pyplot, save  # noqa: E402
 
@@ -81,12 +88,25 @@ QUICK = ["--layers", "1", "--hidden", "32", "--heads", "2", "--ffn", "64", "--se
          "--data-bytes", "65536"]
 
 
-class Measure:
-    """One measured communication setting: the policy fields it sets while a gradient is taken."""
+#: The data-parallel gradient codecs `--dp-modes` measures: today's default (INT8, G=128, Hadamard,
+#: stochastic rounding) and the 4-bit inter-node level of the two-level reduction (INT4, G=32,
+#: Hadamard, nearest). Each of DP_REPLICAS replicas holds the gradient of its share of the
+#: minibatch, scaled by 1 / DP_REPLICAS as megatron does, as one flat bucket (Hadamard groups span
+#: parameters, as in a DDP bucket); each is quantized once, as the reduce-scatter's first
+#: quantization does, and the decoded shares are summed in FP32. The error of one reduction, with
+#: no residual carried in (error feedback acts across steps, not within one).
+DP_MODES = {"dp-int8": GRADIENT_CONFIG, "dp-int4": INTER_CONFIG}
+DP_REPLICAS = 2
 
-    def __init__(self, mode: str, default, forward: bool, backward: bool, comm_dtype):
+
+class Measure:
+    """One measured communication setting: the policy fields it sets while a gradient is taken
+    (`dp`: a DP gradient codec instead, applied to the replicas' gradients taken natively)."""
+
+    def __init__(self, mode: str, default, forward: bool, backward: bool, comm_dtype, dp: bool = False):
         self.mode, self.default, self.forward, self.backward, self.comm_dtype = (
             mode, default, forward, backward, comm_dtype)
+        self.dp = dp
 
     def apply(self, policy) -> None:
         policy.default, policy.forward, policy.backward, policy.comm_dtype = (
@@ -97,14 +117,24 @@ class Measure:
         return "+".join(d for d, on in (("forward", self.forward), ("backward", self.backward)) if on)
 
 
-def measures(modes, sr_modes, args) -> list[Measure]:
-    """The settings compared with the baseline, from train_gpt's modes (`make_policy`)."""
+def measures(modes, sr_modes, args, dp_modes=()) -> list[Measure]:
+    """The settings compared with the baseline, from train_gpt's modes (`make_policy`) and `DP_MODES`."""
     out = [Measure("bf16", None, True, True, torch.float32)]  # the baseline against FP32 communication
     for mode, sr in [(m, False) for m in modes] + [(m, True) for m in sr_modes]:
         p = make_policy(mode, args)
         cfg = p.default.replace(rounding="stochastic") if sr else p.default
         out.append(Measure(mode + ("-sr" if sr else ""), cfg, p.forward, p.backward, p.comm_dtype))
+    out += [Measure(m, DP_MODES[m], False, True, None, dp=True) for m in dp_modes]
     return out
+
+
+def dp_reduced(parts: list[dict], cfg) -> dict:
+    """The DP replicas' gradients `parts` ({name: flat gradient} each) reduced as `DP_MODES`
+    describes, minus their exact mean: the reduction's error, per parameter."""
+    names, r = list(parts[0]), len(parts)
+    flat = [torch.cat([p[n] for n in names]) / r for p in parts]
+    err = sum(codec.decompress(codec.compress(f, cfg)).float().view(-1) - f for f in flat)
+    return dict(zip(names, err.split([parts[0][n].numel() for n in names])))
 
 
 def full_grads(model) -> dict[str, torch.Tensor]:
@@ -168,7 +198,12 @@ class NoiseProbe:
             for m in self.settings:  # per setting: sum_k ||d_k||^2 and sum_k d_k, per tensor
                 d_sq, d_sum = {}, {}
                 for (x, y), g in zip(batches, exact):
-                    gm, _ = self._grads(model, policy, m, x, y, device)
+                    if m.dp:  # the replicas' shares taken natively; g plus the reduction's error
+                        parts = [self._grads(model, policy, baseline, xr, yr, device)[0]
+                                 for xr, yr in zip(x.chunk(DP_REPLICAS), y.chunk(DP_REPLICAS))]
+                        gm = {n: g[n] + e for n, e in dp_reduced(parts, m.default).items()} if rank0 else None
+                    else:
+                        gm, _ = self._grads(model, policy, m, x, y, device)
                     if rank0:
                         for n, t in g.items():
                             # the bf16 row: the baseline (g) against FP32 communication (gm)
@@ -207,12 +242,13 @@ def rank_main(rank: int, world: int, port: int, args, probe: NoiseProbe, queue) 
     queue.put((rank, probe.rows))
 
 
-def run_model(name: str, train_args: list[str], points, k: int, batches, modes, sr_modes, seed: int) -> pd.DataFrame:
+def run_model(name: str, train_args: list[str], points, k: int, batches, modes, sr_modes, seed: int,
+              dp_modes=()) -> pd.DataFrame:
     args = train_gpt.parser().parse_args([*train_args, "--tp", "2", "--steps", str(max(points)), "--seed", str(seed),
                                           "--eval-every", str(10**9), "--eval-batches", "1", "--min-bytes", "0",
                                           "--quiet"])
     args.axes, args.label = ("tp",), "none"
-    probe = NoiseProbe(name, points, k, batches or args.batch, seed, measures(modes, sr_modes, args))
+    probe = NoiseProbe(name, points, k, batches or args.batch, seed, measures(modes, sr_modes, args, dp_modes))
     print(f"{name}: training {max(points)} steps, measuring at steps {sorted(points)} (K={k}) ...", flush=True)
     return pd.DataFrame(spawn_ranks(rank_main, args.tp, args, probe)[0])
 
@@ -239,7 +275,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"e_over_s_all": whole.e_over_s, "e_over_s_max_tensor": per.e_over_s.max(),
                         "worst_tensor": per.apply(lambda t: t.loc[t.e_over_s.idxmax(), "tensor"], include_groups=False),
                         "common_part": whole.e_mean * whole.k ** 0.5 / whole.e, "loss": whole.loss})
-    order = {m: i for i, m in enumerate(["bf16", *MODES, *(m + "-sr" for m in SR_MODES)])}
+    order = {m: i for i, m in enumerate(["bf16", *MODES, *(m + "-sr" for m in SR_MODES), *DP_MODES])}
     return out.sort_index(key=lambda ix: ix.map(order) if ix.name == "mode" else ix)
 
 
@@ -248,7 +284,7 @@ def plot(df: pd.DataFrame, path: str) -> None:
     a dot for the largest over its tensors with a measurable s."""
     plt = pyplot()
     table = summary(df).reset_index()
-    modes = [m for m in ["bf16", *MODES, *(m + "-sr" for m in SR_MODES)] if m in set(table["mode"])]
+    modes = [m for m in ["bf16", *MODES, *(m + "-sr" for m in SR_MODES), *DP_MODES] if m in set(table["mode"])]
     models = [m for m in MODELS if m in set(table.model)] + sorted(set(table.model) - set(MODELS))
     fig, axes = plt.subplots(len(models), 1, figsize=(12, 3.4 * len(models)), sharex=True, squeeze=False)
     for ax, model in zip(axes[:, 0], models):
@@ -279,6 +315,7 @@ def main(argv=None) -> pd.DataFrame:
     ap.add_argument("--k", type=int, default=None, help="minibatches per measurement (K >= 2); default per model")
     ap.add_argument("--modes", default=",".join(MODES), help="compressed modes, as train_gpt's --compress")
     ap.add_argument("--sr-modes", default=",".join(SR_MODES), help="modes measured with stochastic rounding too")
+    ap.add_argument("--dp-modes", default="", help=f"DP gradient codecs from {list(DP_MODES)} (see DP_MODES)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights, the training and the probe's batches")
     ap.add_argument("--quick", action="store_true", help="a tiny TinyGPT, 2 steps, K=3, fp8 and int4: seconds")
     ap.add_argument("--csv", default=None, help="write every row here")
@@ -291,12 +328,13 @@ def main(argv=None) -> pd.DataFrame:
         plot(pd.read_csv(args.csv), args.plot)
         return pd.DataFrame()
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
-    modes, sr_modes = split(args.modes), split(args.sr_modes)
+    modes, sr_modes, dp_modes = split(args.modes), split(args.sr_modes), split(args.dp_modes)
     models = split(args.models)
     points = sorted({int(p) for p in split(args.points)}) if args.points else None
     if args.quick:
         models, points, args.k, modes, sr_modes = ["tinygpt"], [0, 2], 3, ["fp8", "int4"], ["int4"]
-    unknown = [m for m in models if m not in MODELS] + [m for m in modes + sr_modes if m not in MODES]
+    unknown = ([m for m in models if m not in MODELS] + [m for m in modes + sr_modes if m not in MODES]
+               + [m for m in dp_modes if m not in DP_MODES])
     if unknown:
         raise SystemExit(f"unknown model or mode {unknown}; models {list(MODELS)}, modes {list(MODES)}")
     if args.k is not None and args.k < 2:
@@ -307,7 +345,7 @@ def main(argv=None) -> pd.DataFrame:
     for name in models:
         train_args, model_points, k, batches = MODELS[name]
         frames.append(run_model(name, QUICK if args.quick else train_args, points or model_points, args.k or k,
-                                None if args.quick else batches, modes, sr_modes, args.seed))
+                                None if args.quick else batches, modes, sr_modes, args.seed, dp_modes))
     df = flag_unmeasurable(pd.concat(frames, ignore_index=True))
     df["machine"], df["commit"] = platform.node() or "unknown", commit
     df["date"] = datetime.datetime.now(datetime.timezone.utc).date().isoformat()

@@ -116,7 +116,7 @@ def test_param_all_gather_exact_unless_opted_in(dist_opt):
 
 
 # ---------------------------------------------------------------------- compressed point-to-point
-@pytest.mark.parametrize("codec", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("codec", ["fp8_e4m3", "int8", "int6"])
 def test_p2p_delivers_the_codec_round_trip(codec):
     from .megatron_3d_cases import p2p_round_trip
 

@@ -25,7 +25,9 @@ through taco_triton by `integrations.megatron.enable`; see train_megatron.py); o
     python -m taco_triton.examples.train_gpt --megatron --tp 2 --pp 2 --dp 2 --compress none,int8 --steps 3
 
 and --compress-axes chooses which of them a mode compresses (`tp,pp,tp+pp` runs TP alone, PP
-alone, then both; the other axes stay native).
+alone, then both; the other axes stay native). There the modes defaults, dp4, pp6 and dp4+pp6
+compare today's defaults with 4-bit DP and 6-bit PP (train_megatron.enable_low_bit; with
+--dist-opt for the parameter all-gather, --ranks-per-node for the emulated nodes).
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from taco_triton.examples.llama import build_model as build_llama
 from taco_triton.examples.minilm import build as build_minilm  # imports transformers only when called
 from taco_triton.examples.modes import MODES, make_policy, progress
 from taco_triton.examples.ranks import spawn_ranks
-from taco_triton.examples.train_megatron import train_rank_megatron  # imports megatron-core only when called
+from taco_triton.examples.train_megatron import LOW_BIT_MODES, train_rank_megatron  # imports megatron-core only when called
 from taco_triton.integrations.megatron import AXES  # importing it does not import megatron-core
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -222,6 +224,12 @@ def parser(prog: str = "python -m taco_triton.examples.train_gpt", doc: str = __
     ap.add_argument("--microbatches", type=int, default=2, help="microbatches per step (--megatron only)")
     ap.add_argument("--error-feedback", action="store_true",
                     help="--megatron: DP gradients rounded to nearest with a per-bucket residual carried over")
+    ap.add_argument("--dist-opt", action="store_true",
+                    help="--megatron: the distributed optimizer (gradient reduce-scatter, AdamW on each DP rank's "
+                         "shard, parameter all-gather)")
+    ap.add_argument("--ranks-per-node", type=int, default=None,
+                    help="--megatron, modes dp4 / dp4+pp6: ranks per (emulated) node of the two-level DP reduction "
+                         "(default: LOCAL_WORLD_SIZE)")
     ap.add_argument("--compress-axes", default="tp+pp+dp",
                     help="--megatron: comma-separated groups of axes ('+'-joined from tp, pp, dp) that a compressing "
                          "mode compresses, one run per group; the other axes stay native (e.g. tp,pp,dp,tp+pp+dp)")
@@ -296,9 +304,10 @@ def main(argv=None, cli: argparse.ArgumentParser | None = None):
     """Train every mode and print the summary; `cli` parses `argv` (default: `parser()`)."""
     args = (cli or parser()).parse_args(argv)
     modes = [m.strip() for m in args.compress.split(",") if m.strip()]
+    known = MODES + (LOW_BIT_MODES if args.megatron else ())
     for m in modes:
-        if m not in MODES:
-            raise SystemExit(f"unknown --compress mode {m!r}; choose from {MODES}")
+        if m not in known:
+            raise SystemExit(f"unknown --compress mode {m!r}; choose from {known}")
     if not args.megatron and (args.pp, args.dp) != (1, 1):
         raise SystemExit(f"--pp {args.pp} / --dp {args.dp} need --megatron (TinyGPT is TP only)")
     models = [f"--{m}" for m in ("megatron", "dtensor", "minilm") if getattr(args, m)]
@@ -312,8 +321,9 @@ def main(argv=None, cli: argparse.ArgumentParser | None = None):
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores
     rows = []
     for m in modes:
-        for axes in groups[:1] if m == "none" else groups:  # nothing is compressed in "none": run it once
-            args.axes, args.label = axes, run_label(m, axes, args.error_feedback)
+        # nothing is compressed in "none", and a low-bit mode names its axes itself: run each once
+        for axes in groups[:1] if m == "none" or m in LOW_BIT_MODES else groups:
+            args.axes, args.label = axes, m if m in LOW_BIT_MODES else run_label(m, axes, args.error_feedback)
             print(f"training mode={args.label} tp={args.tp} pp={args.pp} dp={args.dp} steps={args.steps} ...",
                   flush=True)
             rows += run(m, args)

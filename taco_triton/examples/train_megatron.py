@@ -14,13 +14,20 @@ rank draws its own slice of one global batch (--batch rows per DP rank), so runs
 --batch * --dp see the same tokens.
 
 `taco_triton.integrations.megatron.enable` routes the TP collectives, the pipeline send/recv and
-the DDP gradient reduction through taco_triton in every mode: mode "none" is enabled with
+the DDP gradient reduction (and, with --dist-opt, the distributed optimizer's parameter all-gather)
+through taco_triton in every mode: mode "none" is enabled with
 ``CompressionPolicy(default=None)``, so every routed call is native (megatron's own numerics)
 and still counted. In the other modes TP and PP use the mode's policy (`make_policy`) and DP
 gradients `integrations.megatron.gradient_policy` (INT8, Hadamard, stochastic rounding;
 --error-feedback: nearest rounding with a per-bucket residual), on the axes --compress-axes
-names (one run per group, e.g. ``--compress-axes tp,pp,tp+pp+dp``; the others stay native). Each logged row has the loss and
-the bytes all ranks together sent per axis that step (wire_tp, wire_pp, wire_dp).
+names (one run per group, e.g. ``--compress-axes tp,pp,tp+pp+dp``; the others stay native). The
+modes of `LOW_BIT_MODES` (defaults, dp4, pp6, dp4+pp6; `enable_low_bit`) compare today's defaults
+with 4-bit DP and 6-bit PP. Each logged row has the loss and the bytes all ranks together sent per
+axis that step (wire_tp, wire_pp, wire_dp; wire_dp_param_gather: the part of wire_dp that is the
+parameter all-gather).
+
+--dist-opt: megatron's DDP reduce-scatters the gradients and the example runs AdamW on each DP
+rank's shard, then all-gathers the parameters, as megatron's distributed optimizer does.
 
 Precision: megatron's collectives communicate the activations' dtype (the integration does not
 apply the policy's ``comm_dtype``), so to keep the baseline bf16 as in `train_gpt`, the model
@@ -73,8 +80,9 @@ class Stage:
     and one training / evaluation step through megatron's pipeline schedule.
 
     `use_distributed_optimizer`: DDP reduce-scatters each gradient bucket (each DP rank gets its
-    shard, as megatron's distributed optimizer expects) and can all-gather parameters
-    (`model.start_param_sync`); `train_step` needs the default (every gradient all-reduced)."""
+    shard, as megatron's distributed optimizer expects); `train_step` then runs AdamW on FP32
+    master copies of this rank's shard of each bucket (AdamW is elementwise: the same update as
+    on whole tensors) and all-gathers the parameters (`model.start_param_sync`)."""
 
     def __init__(self, args, tp: int, pp: int, device: torch.device, use_distributed_optimizer: bool = False):
         from megatron.core import parallel_state as ps
@@ -98,6 +106,12 @@ class Stage:
         self.model = DistributedDataParallel(
             self.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                        use_distributed_optimizer=use_distributed_optimizer), gpt)
+        self.dist_opt = use_distributed_optimizer
+        if use_distributed_optimizer:  # AdamW on this DP rank's shard of every bucket, as megatron's
+            dp, me = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+            self.shards = [(b.param_data.view(-1).chunk(dp)[me], b.grad_data.view(-1).chunk(dp)[me])
+                           for buf in self.model.buffers for b in buf.buckets]
+            self.master = [w.detach().float().clone().requires_grad_(True) for w, _ in self.shards]
         self.opt = torch.optim.AdamW(self.master, lr=args.lr, weight_decay=0.01)
         self.forward_backward = get_forward_backward_func()
         self.last_stage = ps.is_pipeline_last_stage()
@@ -126,10 +140,21 @@ class Stage:
         return float(sum(d["loss"] for d in losses) / len(losses))
 
     def train_step(self, x, y) -> float:
-        """Forward, backward, DP gradient reduction, AdamW on the master weights."""
+        """Forward, backward, DP gradient reduction, AdamW on the master weights (with the
+        distributed optimizer: on this rank's shards, then the parameter all-gather)."""
         self.model.zero_grad_buffer()
         loss = self._run(x, y, forward_only=False)
         self.model.finish_grad_sync()
+        if self.dist_opt:
+            for m, (_, g) in zip(self.master, self.shards):
+                m.grad = g.float()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for m, (w, _) in zip(self.master, self.shards):
+                    w.copy_(m)
+            self.model.start_param_sync(force_sync=True)
+            return loss
         for m, p in zip(self.master, self.params):
             m.grad = p.main_grad.float()
         self.opt.step()
@@ -157,6 +182,45 @@ def enable_axes(policy, gpt, axes, error_feedback: bool):
     per_axis = {"tp": policy, "pp": policy, "dp": tm.gradient_policy(policy, error_feedback=error_feedback)}
     return tm.enable(model=gpt, error_feedback=error_feedback,
                      **{a: per_axis[a] if a in axes else native for a in tm.AXES})
+
+
+#: The modes of the 3D low-bit comparison (besides "none"): today's defaults on every axis, 4-bit
+#: DP, 6-bit PP, and both (see `enable_low_bit`).
+LOW_BIT_MODES = ("defaults", "dp4", "pp6", "dp4+pp6")
+
+
+def enable_low_bit(mode: str, gpt, args):
+    """`integrations.megatron.enable` for one of `LOW_BIT_MODES` (the axes a mode leaves alone are
+    routed natively, counted):
+
+    - defaults: `enable(policy)` with the default policy: TP and PP FP8 (E4M3, G=128, Hadamard), DP
+      gradients `GRADIENT_CONFIG` (INT8, Hadamard, stochastic rounding), parameter all-gather exact;
+    - dp4: DP gradients by the two-level reduction (`integrations.two_level`: INT8 inside a node,
+      INT4 with error feedback between nodes; `--ranks-per-node` ranks per emulated node) and, with
+      the distributed optimizer, the parameter all-gather as INT4 weight differences;
+    - pp6: pipeline messages INT6, G=32, Hadamard (`pipeline_policy`);
+    - dp4+pp6: both.
+    """
+    from megatron.core import parallel_state as ps
+
+    from taco_triton.integrations import megatron as tm
+    from taco_triton.integrations.two_level import TwoLevel
+    from taco_triton.parallel import CompressionPolicy
+
+    common = dict(min_bytes=args.min_bytes)
+    native = CompressionPolicy(default=None)
+    if mode == "defaults":
+        pol = CompressionPolicy(**common)
+        return tm.enable(model=gpt, tp=pol, pp=pol, dp=tm.gradient_policy(pol))
+    if mode not in LOW_BIT_MODES:
+        raise ValueError(f"low-bit modes are {LOW_BIT_MODES}, got {mode!r}")
+    kw = dict(model=gpt, tp=native, pp=native, dp=native)
+    if "pp6" in mode:
+        kw["pp"] = tm.pipeline_policy(CompressionPolicy(**common))
+    if "dp4" in mode:  # every rank builds the two-level subgroups, at the same point
+        kw.update(dp=CompressionPolicy(**common), weight_deltas=True,
+                  two_level=TwoLevel(ps.get_data_parallel_group(), getattr(args, "ranks_per_node", None)))
+    return tm.enable(**kw)
 
 
 def _dp_slice(t: torch.Tensor, dp_rank: int, dp: int) -> torch.Tensor:
@@ -199,10 +263,15 @@ def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.de
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         handle = None
         try:
-            stage = Stage(args, tp, pp, device)
+            stage = Stage(args, tp, pp, device, use_distributed_optimizer=getattr(args, "dist_opt", False))
             dp_rank = ps.get_data_parallel_rank()
-            policy = make_policy(mode, args)
-            handle = enable_axes(policy, stage.gpt, getattr(args, "axes", tm.AXES), getattr(args, "error_feedback", False))
+            if mode in LOW_BIT_MODES:
+                policy = make_policy("none", args)  # stepped like the others; the handle holds the modes' policies
+                handle = enable_low_bit(mode, stage.gpt, args)
+            else:
+                policy = make_policy(mode, args)
+                handle = enable_axes(policy, stage.gpt, getattr(args, "axes", tm.AXES),
+                                     getattr(args, "error_feedback", False))
 
             data = TextBatches(stdlib_bytes(args.data_bytes), args.seq)
             gen = torch.Generator().manual_seed(args.seed + 1)  # the same global batches on every rank
@@ -226,10 +295,14 @@ def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.de
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
                 axes = handle.by_axis()
-                wire = _summed([axes[a].wire_bytes for a in tm.AXES] + [sum(axes[a].compressed for a in tm.AXES)])
+                param_gather = sum(st.wire_bytes for (_, d, kind), st in handle.stats.items()
+                                   if st.axis == "dp" and kind == "all_gather")
+                wire = _summed([axes[a].wire_bytes for a in tm.AXES] + [sum(axes[a].compressed for a in tm.AXES),
+                                                                         param_gather])
                 loss = _from_last_stage(loss)
                 row = {"mode": getattr(args, "label", mode), "seed": args.seed, "step": step, "train_loss": loss,
                        **{f"wire_{a}": w for a, w in zip(tm.AXES, wire)}, "wire_bytes": sum(wire[:3]),
+                       "wire_dp_param_gather": wire[4],
                        "compressed_calls": int(wire[3]), "step_ms": 1e3 * dt, "val_loss": float("nan")}
                 if step % args.eval_every == 0 or step == args.steps:
                     row["val_loss"] = evaluate()

@@ -23,7 +23,7 @@ ImportError naming what to install (``pip install 'megatron-core==0.16.1'``, the
 extra) when it is missing. `cpu_compat` lets megatron-core run on a CPU-only torch.
 
 Modules: `mappings_mode` (`enable`, `MegatronHandle`), `tp`, `pp` and `dp` (each axis's routing
-and site names; `dp` also `gradient_policy`), `error_feedback` (DP), `patching` (the patch points
+and site names; `dp` also `gradient_policy`, `pp` `pipeline_policy`), `error_feedback` (DP), `patching` (the patch points
 and replacements), `group_mode` (`enable_groups`, `GroupsHandle`), `cpu` (`cpu_compat`),
 `common` (the supported release, `AXES`, `SiteStats`).
 """
@@ -33,9 +33,10 @@ from .common import AXES, SiteStats
 from .common import EXTRA as EXTRA, TESTED_VERSION as TESTED_VERSION  # public, outside __all__ as before
 from .mappings_mode import MegatronHandle, enable, active_handle
 from .dp import GRADIENT_CONFIG, gradient_policy
+from .pp import PIPELINE_CONFIG, pipeline_policy
 from .group_mode import GROUP_GLOBALS as GROUP_GLOBALS, GroupsHandle, enable_groups
 from .cpu import cpu_compat
 
-__all__ = ["AXES", "GRADIENT_CONFIG", "GroupsHandle", "MegatronHandle", "SiteStats", "active_handle", "cpu_compat",
-           "enable", "enable_groups", "gradient_policy"]
+__all__ = ["AXES", "GRADIENT_CONFIG", "GroupsHandle", "MegatronHandle", "PIPELINE_CONFIG", "SiteStats", "active_handle",
+           "cpu_compat", "enable", "enable_groups", "gradient_policy", "pipeline_policy"]
 

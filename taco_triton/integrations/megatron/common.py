@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...config import CompressionConfig
+from ...policy import CompressionPolicy
 
 #: The pip extra that installs the supported megatron-core.
 EXTRA = "pip install 'megatron-core==0.16.1' (taco-triton's `megatron` extra: pip install -e '.[megatron]' in a clone)"
@@ -39,6 +40,18 @@ class SiteStats:
     """Bytes this rank handed to the process group for these calls (as `WireStats` counts them)."""
     axis: str = "tp"
     """The axis the site belongs to: "tp", "pp" or "dp"."""
+
+
+def derived_policy(policy, config: CompressionConfig) -> CompressionPolicy:
+    """An axis's policy derived from the user's: `config` as the default of every site (None when
+    `policy.default` is None), `policy`'s `min_bytes`, `exempt`, `forward`, `backward`,
+    `overrides` and `comm_dtype` as they are, no calibration fields; None: `config` everywhere."""
+    if policy is None:
+        return CompressionPolicy(default=config)
+    return CompressionPolicy(default=config if policy.default is not None else None, min_bytes=policy.min_bytes,
+                             exempt=list(getattr(policy, "exempt", ())), forward=getattr(policy, "forward", True),
+                             backward=getattr(policy, "backward", True), overrides=dict(getattr(policy, "overrides", {})),
+                             comm_dtype=getattr(policy, "comm_dtype", None))
 
 
 def _needs_megatron(e: ImportError) -> ImportError:

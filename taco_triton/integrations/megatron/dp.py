@@ -5,15 +5,17 @@ In ``distributed.param_and_grad_buffer`` the module globals ``torch`` (its
 ``distributed.all_reduce``), ``dist_reduce_scatter_func``, ``dist_all_gather_func`` and
 ``_coalescing_manager`` are replaced (see `patching`); gradient reductions use the DP policy at
 ``megatron.dp.bucket<k>.<collective>`` ("backward"), the parameter all-gather stays native
-unless ``compress_param_gather``.
+unless ``compress_param_gather`` (the codec's error in every weight) or ``weight_deltas`` (the
+weights' quantized differences, `integrations.weight_deltas`).
 """
 from __future__ import annotations
 
 import torch.distributed as dist
 
 from ...collectives import compressed as coll
+from ...collectives.work import completed
 from ...config import CompressionConfig
-from ...policy import CompressionPolicy
+from .common import derived_policy
 from .error_feedback import feed_back_error
 
 GRADIENT_CONFIG = CompressionConfig(codec="int8", hadamard=True, rounding="stochastic")
@@ -45,13 +47,7 @@ def gradient_policy(policy=None, *, error_feedback: bool = False):
     Returns:
         The DP `CompressionPolicy`.
     """
-    cfg = GRADIENT_CONFIG.replace(rounding="nearest") if error_feedback else GRADIENT_CONFIG
-    if policy is None:
-        return CompressionPolicy(default=cfg)
-    return CompressionPolicy(default=cfg if policy.default is not None else None, min_bytes=policy.min_bytes,
-                             exempt=list(getattr(policy, "exempt", ())), forward=getattr(policy, "forward", True),
-                             backward=getattr(policy, "backward", True), overrides=dict(getattr(policy, "overrides", {})),
-                             comm_dtype=getattr(policy, "comm_dtype", None))
+    return derived_policy(policy, GRADIENT_CONFIG.replace(rounding="nearest") if error_feedback else GRADIENT_CONFIG)
 
 
 def collective(handle, kind, tensor, output, op, group, async_op, frame):
@@ -61,9 +57,17 @@ def collective(handle, kind, tensor, output, op, group, async_op, frame):
     where = f"bucket{bucket.bucket_id}" if hasattr(bucket, "bucket_id") else frame.f_code.co_name.strip("_")
     direction = "forward" if kind == "all_gather" else "backward"
     site = f"megatron.dp.{where}.{kind}"
-    native = kind == "all_gather" and not handle.compress_param_gather  # parameters stay exact by default
+    deltas = kind == "all_gather" and handle.weight_deltas is not None
+    # parameters stay exact by default
+    native = kind == "all_gather" and not (handle.compress_param_gather or deltas)
 
     def issue(cfg, mb):
+        if deltas:  # the policy decides whether the site is compressed, the deltas' own codec how
+            wd = handle.weight_deltas
+            return wd.all_gather(output, tensor, group, wd.config if cfg.enabled else None, async_op=async_op)
+        # megatron's other DP reductions (e.g. across distributed-optimizer instances) keep the policy's config
+        if handle.two_level is not None and cfg.enabled and kind != "all_gather" and handle.two_level.serves(group):
+            return two_level(handle.two_level, kind, tensor, output, op, async_op)
         if handle.error_feedback and cfg.enabled and kind != "all_gather":
             feed_back_error(handle.residuals, tensor, cfg,
                             dist.get_world_size(group) if kind == "reduce_scatter" else 1, site)
@@ -77,3 +81,13 @@ def collective(handle, kind, tensor, output, op, group, async_op, frame):
     if async_op and work is not None and handle._batches:
         handle._batches[-1].works.append(work)
     return work
+
+
+def two_level(reduction, kind, tensor, output, op, async_op):
+    """A gradient reduction by `reduction` (a `TwoLevel` built for the call's group), synchronous:
+    with `async_op` the returned Work is already complete."""
+    if kind == "all_reduce":
+        reduction.all_reduce(tensor, op)
+    else:
+        reduction.reduce_scatter(output, tensor, op)
+    return completed(None, tensor.device) if async_op else None

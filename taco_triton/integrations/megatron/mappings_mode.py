@@ -27,6 +27,7 @@ from ...collectives import WireStats
 from ...collectives.work import Counted, WaitAll
 from ...config import CompressionConfig
 from ...policy import CompressionPolicy, decide
+from ..weight_deltas import WeightDeltas
 from . import patching
 from .common import ACTIVE, AXES, EXTRA, NATIVE, TESTED_VERSION, SiteStats, import_megatron, megatron_version
 from .dp import gradient_policy
@@ -49,14 +50,19 @@ class MegatronHandle:
         dp: the DP policy (None: DP communication is not routed).
         error_feedback: carry each DP bucket's quantization residual into the next step.
         compress_param_gather: compress the distributed optimizer's parameter all-gather.
+        weight_deltas: a `WeightDeltas` (the parameter all-gather as quantized weight
+            differences), or None.
+        two_level: a `TwoLevel` reducing the DP gradients, or None.
     """
 
     def __init__(self, policy, model=None, *, pp=None, dp=None, error_feedback: bool = False,
-                 compress_param_gather: bool = False):
+                 compress_param_gather: bool = False, weight_deltas=None, two_level=None):
         self.policy = policy
         self.policies = {"tp": policy, "pp": pp if pp is not None else policy, "dp": dp}
         self.error_feedback = error_feedback
         self.compress_param_gather = compress_param_gather
+        self.weight_deltas = weight_deltas
+        self.two_level = two_level
         self.residuals: dict[tuple[int, int], torch.Tensor] = {}  # DP error feedback, per bucket buffer
         self._batches: list[WaitAll] = []  # the open coalescing blocks' Works (DP)
         self.stats: dict[tuple[str, str, str], SiteStats] = {}
@@ -142,7 +148,7 @@ class MegatronHandle:
 
 
 def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback: bool = False,
-           compress_param_gather: bool = False) -> MegatronHandle:
+           compress_param_gather: bool = False, weight_deltas=False, two_level=None) -> MegatronHandle:
     """Route megatron-core's TP, PP and DP communication through taco_triton.
 
     Args:
@@ -169,6 +175,20 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
             with the DP policy's "forward" config (default: exact; compressed, every rank's model
             weights carry that codec's error in every forward, while the optimizer's FP32 shard
             stays exact).
+        weight_deltas: send the parameter all-gather as quantized weight differences
+            (`integrations.weight_deltas`: every rank applies the same decoded differences, so
+            all ranks' weights stay bit-identical and the error does not accumulate): True for
+            `WEIGHT_DELTA_CONFIG` (INT4, G=32, Hadamard), a `CompressionConfig`, or a
+            `WeightDeltas` to keep the state across `enable` calls. Sites the DP policy does not
+            compress in the forward direction are gathered exactly.
+        two_level: a `integrations.two_level.TwoLevel` built for megatron's data-parallel group
+            (every rank creates it, after ``initialize_model_parallel``): the DP gradient
+            reductions the DP policy compresses run in two levels with its codecs (default INT8
+            inside a node, INT4 with error feedback between nodes) instead of the policy's
+            config; synchronous (an async request is complete when returned). Reductions over
+            other groups (megatron's all-reduce across distributed-optimizer instances) keep
+            the policy's config. It carries its own error feedback: do not combine it with
+            `error_feedback`.
 
     Returns:
         A `MegatronHandle`; `handle.disable()` or `with enable(...):` undoes it.
@@ -187,6 +207,12 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
                 raise TypeError(
                     f"{name} must be a CompressionPolicy (missing {attr!r}), got {type(pol).__name__}"
                 )
+    if weight_deltas is not False and weight_deltas is not None and compress_param_gather:
+        raise ValueError("compress_param_gather and weight_deltas are two ways to send the parameter all-gather: "
+                         "choose one")
+    if two_level is not None and error_feedback:
+        raise ValueError("two_level carries its own error feedback (TwoLevel(error_feedback=...)): "
+                         "do not also pass error_feedback=True")
     if ACTIVE.mappings is not None:
         raise RuntimeError(
             f"taco_triton.integrations.megatron is already enabled ({ACTIVE.mappings!r}); call its disable() first"
@@ -205,8 +231,15 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
     pp = pp if pp is not None else policy if policy is not None else native
     if dp is None:
         dp = gradient_policy(policy, error_feedback=error_feedback) if policy is not None else native
+    if weight_deltas is True:
+        weight_deltas = WeightDeltas()
+    elif isinstance(weight_deltas, CompressionConfig):
+        weight_deltas = WeightDeltas(weight_deltas)
+    elif weight_deltas is False:
+        weight_deltas = None
     handle = MegatronHandle(tp, model, pp=pp, dp=dp, error_feedback=error_feedback,
-                            compress_param_gather=compress_param_gather)
+                            compress_param_gather=compress_param_gather, weight_deltas=weight_deltas,
+                            two_level=two_level)
     handle._active = True
     patching.install(handle, modules)
     ACTIVE.mappings = handle
