@@ -196,7 +196,11 @@ def compressed_bytes_per_rank(numel: int, config: CompressionConfig, ranks: int,
     than their wire bytes' ring share).
 
     Args:
-        numel, config, ranks, collective, pipeline: as in `compressed_wire_bytes`.
+        numel: elements of the message (all_gather: of the gathered output).
+        config: the compression config.
+        ranks: processes in the group, P >= 1.
+        collective: one of `COLLECTIVES`.
+        pipeline: the pipeline slices of the call.
 
     Returns:
         The bytes (unrounded; `WireStats` rounds each call to a whole byte).

@@ -197,6 +197,8 @@ def enable(policy=None, model=None, *, tp=None, pp=None, dp=None, error_feedback
         TypeError: a policy argument is not a policy, or none is given.
         RuntimeError: already enabled (call the active handle's `disable()` first), the group
             mode (`enable_groups`) is active, or this megatron-core lacks a patch point.
+        ValueError: two ways of one axis at once (`compress_param_gather` with `weight_deltas`,
+            `two_level` with `error_feedback`).
         ImportError: megatron-core is not installed (names the extra to install).
     """
     if policy is None and tp is None and pp is None and dp is None:

@@ -26,6 +26,9 @@ def pipeline_policy(policy=None):
     nothing compressed when `policy.default` is None. For a codec chosen per site under an error
     budget, give `enable(pp=...)` a calibrating `CompressionPolicy` instead.
 
+    Args:
+        policy: the `CompressionPolicy` whose other fields are kept (None: `PIPELINE_CONFIG` everywhere).
+
     Returns:
         The PP `CompressionPolicy`.
     """
