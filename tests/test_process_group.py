@@ -215,13 +215,13 @@ def test_megatron_group_mode_matches_the_mappings_mode():
 def test_a_failed_compressed_receive_keeps_raising():
     """The receive Work of a compressed message: an error of the inner receive surfaces at wait(),
     again at every later wait(), and the Work is complete (its error known) but never successful."""
-    from taco_triton.integrations.process_group import _decode_on_wait
+    from taco_triton.integrations.process_group import _receive_work
 
     class Broken:
         def wait(self, timeout=None):
             raise RuntimeError("peer closed the connection")
 
-    w = _decode_on_wait(Broken(), torch.zeros(8, dtype=torch.uint8), torch.zeros(4), None)
+    w = _receive_work(Broken(), torch.zeros(8, dtype=torch.uint8), torch.zeros(4), None)
     for _ in range(2):
         with pytest.raises(RuntimeError, match="peer closed"):
             w.wait()

@@ -129,7 +129,7 @@ def collective(shape, tensors: tuple, group, config, op: str, min_bytes, pipelin
     shape.check(tensors, group)
     call = Call(shape.kind, tensors, group, config, op, min_bytes, pipeline, backend, check)
     if not call.compress or (call.p == 1 and not compress_single_rank()):
-        return _native(shape, call, tensors, op, async_op)
+        return _native_path(shape, call, tensors, op, async_op)
     src, dst, copy_back = shape.flats(tensors)
     plan = _plan.plan_for(call, shape, src, dst)
 
@@ -146,7 +146,7 @@ def collective(shape, tensors: tuple, group, config, op: str, min_bytes, pipelin
     return _driver.issue(plan, src, dst, call.seq, call.group, call.pg, async_op, before, copy_back)
 
 
-def _native(shape, call: Call, tensors: tuple, op: str, async_op: bool):
+def _native_path(shape, call: Call, tensors: tuple, op: str, async_op: bool):
     """The native collective (and the agreement before it), in the group's order: on CPU behind
     the group's queued async calls (`_worker`), if any."""
 

@@ -90,7 +90,7 @@ def _native_op(op: str, group):
     return dist.ReduceOp.SUM, op == "avg"  # gloo has no AVG: sum, then divide
 
 
-def _native(issue: Callable[[torch.Tensor, bool], object], out: torch.Tensor, divide: int | None, async_op: bool):
+def _run_native(issue: Callable[[torch.Tensor, bool], object], out: torch.Tensor, divide: int | None, async_op: bool):
     """Run a native collective into `out` (through a contiguous copy: gloo misreads views), then
     divide for avg. The process group gets the work at call time; the rest runs at wait()."""
     flat, copy_back = flat_inplace(out)
@@ -189,7 +189,7 @@ class AllReduce(Shape):
 
     def native(self, tensors, group, op: str, p: int, async_op: bool):
         red, divide = _native_op(op, group)
-        return _native(lambda t, a: _pg.all_reduce(t, red, group, a), tensors[0], p if divide else None, async_op)
+        return _run_native(lambda t, a: _pg.all_reduce(t, red, group, a), tensors[0], p if divide else None, async_op)
 
     send_slots = staticmethod(_to_every_rank)
 
@@ -216,7 +216,7 @@ class ReduceScatter(Shape):
     def native(self, tensors, group, op: str, p: int, async_op: bool):
         output, input = tensors
         red, divide = _native_op(op, group)
-        return _native(lambda t, a: _pg.reduce_scatter(t, input.contiguous(), red, group, a),
+        return _run_native(lambda t, a: _pg.reduce_scatter(t, input.contiguous(), red, group, a),
                        output, p if divide else None, async_op)
 
     send_slots = staticmethod(_to_every_rank)
@@ -239,7 +239,7 @@ class AllGather(Shape):
 
     def native(self, tensors, group, op: str, p: int, async_op: bool):
         output, input = tensors
-        return _native(lambda t, a: _pg.all_gather(t, input.contiguous(), group, a), output, None, async_op)
+        return _run_native(lambda t, a: _pg.all_gather(t, input.contiguous(), group, a), output, None, async_op)
 
     def inf_above(self, config, dtype) -> float:
         return math.inf  # each rank's values are decoded alone: no sum can overflow

@@ -192,7 +192,7 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, plan) -> Pending:
+def _received_then_decoded(work, wire: torch.Tensor, tensor: torch.Tensor, plan) -> Pending:
     """A receive's Work: `wait()` waits for the wire buffer (once: a gloo p2p Work waited twice
     blocks), then checks and decompresses it into `tensor`; the message's error record belongs to
     this Work. A failure (a handshake the sender failed, a tag that did not match) makes this and
@@ -327,4 +327,4 @@ def irecv(tensor: torch.Tensor, src: int, group=None, config: CompressionConfig 
                              now=hs.post if hs is not None else None)
     if work is None:
         work = _pg.irecv(into, src, group)
-    return _decode_on_wait(work, into, tensor, m) if compress else work
+    return _received_then_decoded(work, into, tensor, m) if compress else work

@@ -167,7 +167,7 @@ def _on_cuda(args) -> bool:
     return t is not None and t.device.type == "cuda"
 
 
-def _decode_on_wait(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> PendingWork:
+def _receive_work(work, wire: torch.Tensor, tensor: torch.Tensor, cfg) -> PendingWork:
     """A compressed receive's Work: `wait()` waits for the wire buffer, then decompresses it into
     the caller's tensor (once); a failed receive keeps raising its error. It has no future
     (receives are waited on, as torch's gloo receives are)."""
@@ -486,7 +486,7 @@ class CompressingProcessGroup(dist.ProcessGroup):
         inner = self._inner_for(t)
         self._count_p2p("recv", t, True)
         wire = p2p.wire_like(t, cfg)
-        return self._track(_decode_on_wait(inner.recv([wire], src, tag), wire, t, cfg))
+        return self._track(_receive_work(inner.recv([wire], src, tag), wire, t, cfg))
 
     def recv_anysource(self, tensors, tag=0):
         return self._forward("recv", sum(_nbytes(t) for t in tensors), 0, "recv_anysource", tensors, tag)
