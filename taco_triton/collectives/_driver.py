@@ -130,7 +130,8 @@ def issue(plan, src: torch.Tensor, dst: torch.Tensor, seq: int, group, pg, async
 
         # the caller's thread and stream (the common case); on CPU behind the group's queued async calls
         worker = None if _streams.on_streams(device) else _worker.running(pg)
-        return _errors.finish_call(plan, device, False, call() if worker is None else worker.run(call))
+        record = call() if worker is None else worker.run(call)
+        return _errors.finish_call(plan, device, False, record, _streams.completion(device))
 
     def after():
         if copy_back is not None:

@@ -182,19 +182,13 @@ def check_errors() -> None:
         STATE.unreported[0].report()
 
 
-#: `finish_call`'s default `done`: the work queued so far on the caller's current stream.
-CURRENT = "the caller's current stream"
-
-
-def finish_call(owner, device: torch.device, async_op: bool, record=None, done=CURRENT, finish=None, future=None,
-                again=None):
+def finish_call(owner, device: torch.device, async_op: bool, record, done, finish=None, future=None, again=None):
     """What follows the issue of a compressed call: its error record watched (`record`: the one
-    its kernels write, None on the reference path) until `done` (what completes with the call's
-    work: a `_streams.completion`, a CUDA event, a `_worker.Job`), then the handle (async: its
-    `wait()` runs `finish`, every later one `again`, its `get_future()` is `future()`) or the error
-    check (sync: None)."""
-    if done is CURRENT:
-        done = _streams.completion(device)
+    its kernels write, None on the reference path) until `done`, what completes with the call's
+    work (one meaning, three forms: a `_streams.completion` of the stream that ran it, which is
+    None when the work was complete at issue, an event, or `IN_GRAPH`; or the `_worker.Job` that
+    runs it on CPU), then the handle (async: its `wait()` runs `finish`, every later one `again`,
+    its `get_future()` is `future()`) or the error check (sync: None)."""
     entry = None if record is None else watched(owner, record, done, async_op)
     if not async_op:
         end_of_call(entry)
