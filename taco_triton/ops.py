@@ -4,6 +4,15 @@ Registered with `torch.library.custom_op` and fake (meta) implementations, so th
 `torch.compile(fullgraph=True)`: the wire size is a pure function of (numel, config), which is
 all the fake implementation needs. The config travels as plain fields because custom ops take
 only primitive arguments.
+
+Why `custom_op` and not `torch.library.triton_op` (which lets Inductor trace into the kernels):
+a `triton_op` body must be traceable, PyTorch operators and `wrap_triton(kernel)[grid](...)` only,
+and ours is not: a launch's grid is as many programs as stay resident on the GPU (`Launch.grid`
+compiles the kernel and reads its registers), its Hadamard tables are made once and kept, and a
+repeated call goes through a prepared launch. Inductor would gain nothing to fuse either: each op
+reads its input once and writes a wire buffer that a process group consumes. What a `triton_op`
+could save is the dispatcher's overhead per call; the eager path (`compress_eager`) already
+skips it.
 """
 from __future__ import annotations
 
