@@ -38,7 +38,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autotune.meta import git_commit  # noqa: E402
-from plots import pyplot, save  # noqa: E402
+from plots import paired_curves  # noqa: E402
 from train_seeds import run_seeds  # noqa: E402
 
 MODEL = "tinygpt"
@@ -77,30 +77,7 @@ def plot(curves: pd.DataFrame, path: str) -> None:
     """Two panels from the curves: the validation loss over training (mean over seeds) per mode, and
     the paired difference from the baseline of the same seed and step (mean over seeds, with the
     range of the seeds shaded)."""
-    plt = pyplot()
-    val = curves.dropna(subset=["val_loss"])
-    wide = val.pivot_table(index=["seed", "step"], columns="mode", values="val_loss")
-    delta = 100 * (wide.div(wide["none"], axis=0) - 1)
-    modes = [m for m in MODES.split(",") if m in wide.columns] + sorted(set(wide.columns) - set(MODES.split(",")))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, m in enumerate(modes):
-        color = f"C{i}"  # one colour per mode in both panels
-        mean = wide[m].groupby("step").mean()
-        ax1.plot(mean.index, mean.to_numpy(), label="none (bf16)" if m == "none" else m, lw=1.2, color=color)
-        if m != "none":
-            by_step = delta[m].groupby("step")
-            ax2.plot(by_step.mean().index, by_step.mean().to_numpy(), label=m, lw=1.2, color=color)
-            ax2.fill_between(by_step.min().index, by_step.min().to_numpy(), by_step.max().to_numpy(),
-                             color=color, alpha=0.12)
-    seeds = ", ".join(str(int(s)) for s in sorted(curves.seed.unique()))
-    ax1.set(xlabel="step", ylabel="validation loss", title=f"{MODEL}, TP=2: mean over seeds {seeds}")
-    ax2.axhline(0, color="black", lw=0.8)
-    ax2.set(xlabel="step", ylabel="vs none, same seed and step (%)",
-            title="paired difference: mean, shaded min..max over seeds")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    save(fig, path)
+    paired_curves(curves, path, MODES.split(","), f"{MODEL}, TP=2")
 
 
 def main(argv=None) -> pd.DataFrame:

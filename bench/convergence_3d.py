@@ -43,7 +43,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autotune.meta import git_commit  # noqa: E402
-from plots import pyplot, save  # noqa: E402
+from plots import paired_curves  # noqa: E402
 from taco_triton.examples import train_gpt  # noqa: E402
 
 MODES = "none,defaults,dp4,pp6,dp4+pp6"
@@ -87,26 +87,7 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
 def plot(curves: pd.DataFrame, path: str) -> None:
     """The validation loss over training per mode (mean over seeds), and the paired change against
     "none" at each evaluated step (mean over seeds, the seeds' range shaded)."""
-    plt = pyplot()
-    wide = curves.pivot_table(index=["seed", "step"], columns="mode", values="val_loss")
-    delta = 100 * (wide.div(wide["none"], axis=0) - 1)
-    modes = [m for m in MODES.split(",") if m in wide.columns]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, m in enumerate(modes):
-        mean = wide[m].groupby("step").mean()
-        ax1.plot(mean.index, mean.to_numpy(), label=m, lw=1.2, color=f"C{i}")
-        if m != "none":
-            by = delta[m].groupby("step")
-            ax2.plot(by.mean().index, by.mean().to_numpy(), label=m, lw=1.2, color=f"C{i}")
-            ax2.fill_between(by.min().index, by.min().to_numpy(), by.max().to_numpy(), color=f"C{i}", alpha=0.12)
-    seeds = ", ".join(str(int(s)) for s in sorted(curves.seed.unique()))
-    ax1.set(xlabel="step", ylabel="validation loss", title=f"megatron GPT, DP=2 x PP=2: mean over seeds {seeds}")
-    ax2.axhline(0, color="black", lw=0.8)
-    ax2.set(xlabel="step", ylabel="vs none, same seed and step (%)", title="paired change: mean, min..max shaded")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    save(fig, path)
+    paired_curves(curves, path, MODES.split(","), "megatron GPT, DP=2 x PP=2")
 
 
 def main(argv=None) -> pd.DataFrame:
