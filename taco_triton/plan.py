@@ -20,15 +20,18 @@ the hardware (`Cluster`, vendor datasheet figures, every one overridable):
   TP and PP, DP gets `gradient_policy(policy)` (INT8, Hadamard), or each axis its own.
 - Each collective is timed by `taco_triton.estimate` (ring bytes, compressed wire bytes, codec
   passes at the cluster's codec rate, kernel launches); GEMMs from their FLOPs at
-  `Cluster.gemm_efficiency` of the dense peak.
+  `Cluster.gemm_efficiency` of the dense peak; the non-GEMM passes (norms, residual adds,
+  activations, the loss's softmax: `ModelSpec.layer_elementwise_elements`) from the elements
+  they read and write at `Cluster.elementwise_share` of HBM bandwidth.
 - The step: (micro_batches + (pp - 1) / virtual_pp) times the slowest stage's micro-batch
-  (forward, backward = 2 x forward, exposed TP and the stage-boundary sends), then the exposed
-  DP reduction (under the last backward with `overlap_grad_reduce`) and the optimizer.
+  (forward, backward = 2 x forward's GEMMs, the non-GEMM passes, exposed TP and the
+  stage-boundary sends), then the exposed DP reduction (under the last backward with
+  `overlap_grad_reduce`) and the optimizer.
 
 Left out: activation recomputation, the loss's vocabulary-parallel all-reduces (tiny), sequence-
 parallel norm gradients (tiny), memory, contention between codec kernels and GEMMs or NCCL for
-SMs and HBM, NCCL algorithms other than the ring, and everything non-GEMM in the compute
-(norms, activations, kernel launches): the model is a first-order one, not a simulator.
+SMs and HBM, NCCL algorithms other than the ring, fused kernels (a fused norm or activation moves
+fewer bytes than counted) and kernel launches: the model is a first-order one, not a simulator.
 
 `python -m taco_triton.plan --help` prints the command line.
 """
@@ -62,8 +65,8 @@ class StepModel:
             and call as `WireStats` counts them (`wire_bytes` under the policy, `native_bytes`
             without it), times per call and in total per step (`count` calls), and whether it
             is `exposed` or overlapped.
-        summary: step times in ms (native and compressed), `speedup`, `compute_ms`,
-            `layer_compute_ms`, `output_compute_ms`, per-axis communication and exposed times,
+        summary: step times in ms (native and compressed), `speedup`, `compute_ms` (the GEMMs),
+            `layer_compute_ms`, `output_compute_ms`, `elementwise_ms` (the non-GEMM passes), per-axis communication and exposed times,
             bubble and optimizer times, `tp_bytes_native` / `tp_bytes_compressed` (bytes a TP rank
             of the critical stage sends per step; likewise pp_ and dp_), TFLOP/s per GPU.
         cluster: the `Cluster` modelled.
@@ -199,7 +202,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--group-size", type=int, default=128, help="the codec's group size (default: %(default)s)")
     ap.add_argument("--min-bytes", type=int, default=None, help="the policy's min_bytes (default: the library's)")
     ap.add_argument("--axes", default="tp", help="axes compressed, comma-separated among tp,pp,dp (default: %(default)s)")
-    for name in ("intra-gbytes-s", "inter-gbytes-s", "gpus-per-node", "gemm-efficiency", "codec-gbytes-s", "tflops"):
+    for name in ("intra-gbytes-s", "inter-gbytes-s", "gpus-per-node", "gemm-efficiency", "elementwise-share",
+                 "codec-gbytes-s", "tflops"):
         ap.add_argument(f"--{name}", type=float, default=None, help=f"override the preset's {name.replace('-', '_')}")
     return ap
 
@@ -228,7 +232,8 @@ def main(argv=None) -> StepModel:
                     overlap_grad_reduce=args.overlap_grad_reduce,
                     distributed_optimizer=args.distributed_optimizer)
     overrides = {k: (int(v) if k == "gpus_per_node" else v) for k in
-                 ("intra_gbytes_s", "inter_gbytes_s", "gpus_per_node", "gemm_efficiency", "codec_gbytes_s", "tflops")
+                 ("intra_gbytes_s", "inter_gbytes_s", "gpus_per_node", "gemm_efficiency", "elementwise_share",
+                  "codec_gbytes_s", "tflops")
                  if (v := getattr(args, k)) is not None}
     cluster = Cluster.preset(args.gpu, args.fabric, **overrides)
     policy = axes = None

@@ -1,5 +1,5 @@
 """Time each communication of a step (`taco_triton.estimate` for the collectives) and compose
-them with the GEMMs into a step: 1F1B pipeline with its bubble, TP exposed unless it overlaps
+them with the GEMMs and the non-GEMM passes into a step: 1F1B pipeline with its bubble, TP exposed unless it overlaps
 the GEMMs, DP under the backward pass when its reduction overlaps, then the optimizer."""
 from __future__ import annotations
 
@@ -84,8 +84,10 @@ class _Stage:
 
     index: int
     layers: int
-    fwd_s: float
+    fwd_s: float                             # GEMMs (and attention) of the forward; backward 2x
     layer_fwd_s: float
+    elem_fwd_s: float = 0.0                  # non-GEMM passes (norms, residuals, activations, loss)
+    elem_bwd_s: float = 0.0
     tp: list = field(default_factory=list)   # (Timed, calls per micro-batch)
     pp: list = field(default_factory=list)   # (Timed, calls per micro-batch)
     dp: list = field(default_factory=list)   # (Timed, calls per step)
@@ -102,7 +104,9 @@ class _Stage:
         else:
             exposed = tp["forward"] + tp["backward"]
         pp = sum(getattr(t, attr) * n for t, n in self.pp)
-        return dict(total=fwd + bwd + exposed + pp, tp=tp["forward"] + tp["backward"], tp_exposed=exposed, pp=pp)
+        elem = self.elem_fwd_s + self.elem_bwd_s
+        return dict(total=fwd + bwd + elem + exposed + pp, tp=tp["forward"] + tp["backward"], tp_exposed=exposed,
+                    pp=pp)
 
     def after_pipeline(self, layout: Layout, cluster: Cluster, params: int, which: str) -> dict:
         """Exposed DP time and the optimizer step after the last micro-batch."""
@@ -111,10 +115,10 @@ class _Stage:
         gather = sum(getattr(t, attr) for t, _ in self.dp if t.comm.collective == "all_gather")
         reduce = sum(grads)
         if layout.overlap_grad_reduce and grads:  # under the last micro-batch's backward; the last bucket waits
-            reduce_exposed = max(grads[-1], reduce - 2 * self.fwd_s)
+            reduce_exposed = max(grads[-1], reduce - 2 * self.fwd_s - self.elem_bwd_s)
         else:
             reduce_exposed = reduce
-        gather_exposed = max(0.0, gather - self.fwd_s) if layout.overlap_param_gather else gather
+        gather_exposed = max(0.0, gather - self.fwd_s - self.elem_fwd_s) if layout.overlap_param_gather else gather
         local = params // (layout.dp if layout.distributed_optimizer else 1)
         optimizer = local * ADAM_BYTES_PER_PARAM / (cluster.hbm_gbytes_s * 1e9)
         return dict(dp=reduce + gather, dp_exposed=reduce_exposed + gather_exposed, optimizer=optimizer)
@@ -128,6 +132,8 @@ def _stage_params(spec: ModelSpec, layout: Layout, layers: int, first: bool, las
 def build_stages(spec: ModelSpec, layout: Layout, cluster: Cluster, policies: dict) -> list[_Stage]:
     """Every stage's compute and timed communications."""
     rate = cluster.tflops * 1e12 * cluster.gemm_efficiency
+    elem_rate = cluster.hbm_gbytes_s * 1e9 * cluster.elementwise_share  # bytes per second of the non-GEMM passes
+    item = (spec.compute_dtype or spec.dtype).itemsize
     spans = {"tp": layout.tp, "dp": layout.tp * layout.dp, "pp": layout.gpus}
     stages, start = [], 0
     counts = layout.stage_layers(spec.layers)
@@ -135,17 +141,30 @@ def build_stages(spec: ModelSpec, layout: Layout, cluster: Cluster, policies: di
         first, last = s == 0, s == layout.pp - 1
         out_flops = spec.output_flops(layout.tp) / (layout.tp if spec.parallel_embedding else 1) if last else 0.0
         layer_fwd = n * spec.layer_flops() / layout.tp / rate
-        st = _Stage(s, n, layer_fwd + out_flops / rate, layer_fwd)
+        layer_elem = spec.layer_elementwise_elements(layout.tp, layout.sequence_parallel)
+        edge_elem = spec.edge_elementwise_elements(layout.tp, layout.sequence_parallel, first, last)
         ids = range(start, start + n)
         start += n
-        st.tp = _aggregate([time_comm(c, cluster, spans["tp"])
-                            for c in tp_comms(spec, layout, policies["tp"], ids, first=first, last=last)])
+        tp = tp_comms(spec, layout, policies["tp"], ids, first=first, last=last)
+        casts = {d: sum(_cast_bytes(c, item) for c in tp if c.direction == d) for d in ("forward", "backward")}
+        st = _Stage(s, n, layer_fwd + out_flops / rate, layer_fwd,
+                    elem_fwd_s=((n * layer_elem[0] + edge_elem[0]) * item + casts["forward"]) / elem_rate,
+                    elem_bwd_s=((n * layer_elem[1] + edge_elem[1]) * item + casts["backward"]) / elem_rate)
+        st.tp = _aggregate([time_comm(c, cluster, spans["tp"]) for c in tp])
         st.pp = [(time_comm(c, cluster, spans["pp"]), k) for c, k in pp_comms(spec, layout, policies["pp"], s)]
         st.dp = [(time_comm(c, cluster, spans["dp"]), 1)
                  for c in dp_comms(spec, layout, policies["dp"], n, first=first, last=last)]
         st.params = _stage_params(spec, layout, n, first, last)
         stages.append(st)
     return stages
+
+
+def _cast_bytes(comm: Comm, compute_itemsize: int) -> int:
+    """Bytes of the two casts around a TP message sent in another dtype than the layers compute
+    in (down before the collective, up after it); 0 when they agree."""
+    if comm.dtype.itemsize == compute_itemsize and comm.dtype.is_floating_point:
+        return 0
+    return 2 * comm.numel * (comm.dtype.itemsize + compute_itemsize)
 
 
 def _aggregate(timed: list[Timed]) -> list[tuple[Timed, int]]:
@@ -193,6 +212,7 @@ def compose(spec: ModelSpec, layout: Layout, cluster: Cluster, stages: list[_Sta
         "compute_ms": m * 3 * st.fwd_s * ms,
         "layer_compute_ms": m * 3 * st.layer_fwd_s * ms,
         "output_compute_ms": m * 3 * (st.fwd_s - st.layer_fwd_s) * ms,
+        "elementwise_ms": m * (st.elem_fwd_s + st.elem_bwd_s) * ms,
         "bubble_ms_native": nat["bubble"] * ms,
         "bubble_ms_compressed": comp["bubble"] * ms,
         "tp_ms_native": m * nat["per"]["tp"] * ms,

@@ -18,9 +18,10 @@ Every preset value is a public vendor specification (not measured by this projec
 
 Not from a datasheet, and stated as assumptions: the per-step latencies (`intra_latency_us` 3,
 `inter_latency_us` 8: the order of NCCL's per-step ring latency), `gemm_efficiency` 0.6 (large
-BF16 GEMMs reach roughly 60-80% of the dense peak; attention kernels less) and `codec_share` 0.7
+BF16 GEMMs reach roughly 60-80% of the dense peak; attention kernels less), `codec_share` 0.7
 (the share of HBM bandwidth a codec pass reaches: the compile-time model bounds the kernels at
-or near 100% of copy bandwidth, a ceiling real kernels land below).
+or near 100% of copy bandwidth, a ceiling real kernels land below) and `elementwise_share` 0.7
+(the share of HBM bandwidth the non-GEMM passes, norms, residual adds, activations, reach).
 """
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ class Cluster:
             the dense message and writes the compressed one, or the reverse).
         codec_gbytes_s: dense GB/s of one codec pass, measured; None derives it from
             `codec_share` (see `codec_rate`).
+        elementwise_share: the share of `hbm_gbytes_s` the non-GEMM passes of the layers
+            (norms, residual adds, activations, the loss's softmax) reach.
         host_us_per_launch: host time per codec kernel launch (`taco_triton.estimate`'s).
         fabric: a name for the inter-node fabric (free text).
 
@@ -94,21 +97,22 @@ class Cluster:
     gemm_efficiency: float = 0.6
     codec_share: float = 0.7
     codec_gbytes_s: float | None = None
+    elementwise_share: float = 0.7
     host_us_per_launch: float = HOST_US_PER_LAUNCH
     fabric: str = ""
 
     def __post_init__(self):
         for name in ("tflops", "hbm_gbytes_s", "gpus_per_node", "intra_gbytes_s", "inter_gbytes_s",
-                     "gemm_efficiency", "codec_share"):
+                     "gemm_efficiency", "codec_share", "elementwise_share"):
             _check_positive(name, getattr(self, name))
         if self.codec_gbytes_s is not None:
             _check_positive("codec_gbytes_s", self.codec_gbytes_s)
         for name in ("intra_latency_us", "inter_latency_us", "host_us_per_launch"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"Cluster.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.gemm_efficiency > 1 or self.codec_share > 1:
+        if max(self.gemm_efficiency, self.codec_share, self.elementwise_share) > 1:
             raise ValueError(f"Cluster shares must be <= 1, got gemm_efficiency={self.gemm_efficiency}, "
-                             f"codec_share={self.codec_share}")
+                             f"codec_share={self.codec_share}, elementwise_share={self.elementwise_share}")
 
     @classmethod
     def preset(cls, name: str, fabric: str | None = None, **overrides) -> "Cluster":

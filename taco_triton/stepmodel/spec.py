@@ -47,6 +47,9 @@ class ModelSpec:
             embedding all-reduces its output, the output layer all-reduces its input's gradient);
             False: both replicated, no communication (taco_triton.examples' TinyGPT).
         dtype: the dtype activations and their gradients are communicated in.
+        compute_dtype: the dtype of the activations the layers compute in (their non-GEMM
+            passes move it, and a TP message in another dtype is cast down and up around its
+            collective; None: `dtype`).
         name: a label.
 
     Raises:
@@ -64,6 +67,7 @@ class ModelSpec:
     gated_mlp: bool = False
     parallel_embedding: bool = True
     dtype: torch.dtype = torch.bfloat16
+    compute_dtype: torch.dtype | None = None
     name: str = ""
 
     def __post_init__(self):
@@ -114,6 +118,62 @@ class ModelSpec:
             24 b s h^2 + 4 b s^2 h.
         """
         return 2.0 * self.tokens * self.layer_params() + 4.0 * self.micro_batch * self.seq ** 2 * self.hidden
+
+    def layer_elementwise_elements(self, tp: int, sequence_parallel: bool = False) -> tuple[float, float]:
+        """Elements one layer's non-GEMM passes read and write for one micro-batch on one TP rank,
+        (forward, backward): each pass unfused, as PyTorch and megatron run them.
+
+        Per token, forward: the two norms (read h, write h), the two residual adds (read 2h,
+        write h), the attention output's change of layout (read and write h / tp: heads to
+        rows) and the MLP's activation (read and write ffn / tp; gated: read 2 ffn / tp).
+        Backward: each norm reads its input and the gradient and writes the input's gradient
+        (3h), each residual sums the gradients of its two branches (3h), the layout change
+        again (2h / tp) and the activation's gradient (read input and gradient, write the
+        input's gradient: 3 ffn / tp; gated: 5 ffn / tp). The norms and residuals run on every
+        token of a TP rank, or on tokens / tp under sequence parallelism. Left out: biases (in
+        the GEMMs' epilogues), dropout, softmax (inside the attention kernel).
+
+        Args:
+            tp: the tensor-parallel degree.
+            sequence_parallel: megatron's sequence parallelism.
+
+        Returns:
+            (forward elements, backward elements).
+        """
+        h, f = self.hidden, self.ffn
+        replicated = self.tokens / (tp if sequence_parallel else 1)
+        split = self.tokens / tp
+        act_fwd, act_bwd = (3, 5) if self.gated_mlp else (2, 3)
+        fwd = replicated * (2 * 2 * h + 2 * 3 * h) + split * (2 * h + act_fwd * f)
+        bwd = replicated * (2 * 3 * h + 2 * 3 * h) + split * (2 * h + act_bwd * f)
+        return fwd, bwd
+
+    def edge_elementwise_elements(self, tp: int, sequence_parallel: bool, first: bool, last: bool) -> tuple[float, float]:
+        """Elements the first stage's embedding and the last stage's final norm and loss read and
+        write for one micro-batch on one TP rank, (forward, backward).
+
+        Embedding: the lookup writes h per token and the position add reads 2h and writes h;
+        backward, the lookup's gradient reads and writes h, the positions' reads h. Final norm
+        as a layer's (2h, 3h); the loss's softmax over the logits each rank holds (the
+        vocabulary, or its 1 / tp share when parallel): read and write them forward, read the
+        softmax and the gradient and write the logits' gradient backward.
+
+        Args:
+            tp: the tensor-parallel degree.
+            sequence_parallel: megatron's sequence parallelism (the embedding and final norm on
+                tokens / tp).
+            first: the stage holds the embedding.
+            last: the stage holds the final norm and the loss.
+
+        Returns:
+            (forward elements, backward elements).
+        """
+        h = self.hidden
+        local = self.tokens / (tp if sequence_parallel else 1)
+        v = self.padded_vocab(tp) // tp if self.parallel_embedding else self.vocab
+        fwd = first * local * 4 * h + last * (local * 2 * h + self.tokens * 2 * v)
+        bwd = first * local * 3 * h + last * (local * 3 * h + self.tokens * 3 * v)
+        return fwd, bwd
 
     def output_flops(self, tp: int) -> float:
         """Forward FLOPs of the output layer (logits) for one micro-batch, over the padded
