@@ -1,6 +1,10 @@
 """The step-time model (`taco_triton.plan`) against measured CPU training steps, side by side.
 
-    sudo nice -n 19 python bench/plan_validation.py [--rates 0.1,0.5,2] [--modes none,fp8] [--steps 12]
+    sudo python bench/plan_validation.py [--rates 0.1,0.5,1,2] [--modes none,fp8] [--steps 12]
+
+On a shared machine give it the CPU ahead of other work (for instance from a session whose
+autogroup nice is -20: `echo -20 > /proc/self/autogroup`): its rates are measured in its own
+processes, but the link's latency and the ranks' skew suffer from other processes' load.
 
 What is measured: bench/train_throughput.py's training step (taco_triton.examples.train_gpt's TP=2
 TinyGPT, its loop: forward, backward, AdamW on FP32 master weights, FP32 compute, bf16

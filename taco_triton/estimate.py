@@ -29,6 +29,10 @@ Model (per rank, full-duplex links, the nccl-tests cost model that `WireStats` c
   the fused reduce, one decompress; reduce_scatter and all_gather 2), `pipeline` slices per
   call. The default per-launch time is `HOST_US_PER_LAUNCH`. The native collective launches no
   codec kernel; the host time of the communication calls themselves is left out on both sides.
+- a point-to-point message (`collective="p2p"`, a pipeline stage's send): the sender sends the
+  tensor, or its wire buffer (the message's one slot, tag and padding included), in one step;
+  the codec compresses on the sender and decompresses on the receiver, 2 passes and 2 launches,
+  both on the message's path.
 - `overlap=False` adds codec, link and host time (no pipelining); True takes the largest of
   the three, the bound `pipeline` slicing approaches on large messages.
 - `break_even_codec_gbytes_s`: the codec throughput below which compression loses. For a large
@@ -51,11 +55,13 @@ import torch
 from . import wire as contract
 from .config import INPUT_DTYPES, CompressionConfig
 
-__all__ = ["COLLECTIVES", "LAUNCHES_PER_SLICE", "HOST_US_PER_LAUNCH", "RING_COSTS", "Estimate", "ring_bytes",
+__all__ = ["COLLECTIVES", "LAUNCHES_PER_SLICE", "HOST_US_PER_LAUNCH", "P2P", "RING_COSTS", "Estimate", "ring_bytes",
            "compressed_bytes_per_rank", "compressed_wire_bytes", "estimate"]
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
-"""The collectives `estimate` models."""
+"""The collectives `estimate` models; it also models a point-to-point message ("p2p")."""
+P2P = "p2p"
+"""`estimate`'s name for a point-to-point message (`taco_triton.collectives.p2p`)."""
 LAUNCHES_PER_SLICE = {c: contract.launches(c, 1) for c in COLLECTIVES}
 """Kernel launches per pipeline slice of each compressed collective, one per stage of its wire
 contract (`taco_triton.wire.STAGES`): all_reduce compresses every chunk in one launch, reduces in
@@ -107,6 +113,7 @@ RING_COSTS = {
     "scatter": "(P-1)/P of the root's inputs (on the root)",
     "all_gather": "P-1 times the shard (nbytes: this rank's input)",
     "all_to_all": "(P-1)/P of the input, in whole bytes (equal splits)",
+    "send": "the message (point to point: P plays no part)",
 }
 """The collectives `ring_bytes` knows, and the share of `nbytes` each rank sends in them."""
 
@@ -141,6 +148,8 @@ def ring_bytes(collective: str, nbytes: float, ranks: int) -> float:
         return (p - 1) * nbytes
     if collective == "all_to_all":
         return nbytes * (p - 1) // p
+    if collective == "send":
+        return nbytes
     raise ValueError(f"collective must be one of {list(RING_COSTS)}, got {collective!r}")
 
 
@@ -236,7 +245,8 @@ def estimate(
         ranks: processes in the group (the TP degree), >= 2.
         codec_gbytes_s: dense GB/s (1e9 bytes) of one compress or decompress pass, measured or
             modelled by you; None leaves codec time out (a ceiling, flagged by `codec_counted`).
-        collective: "all_reduce", "reduce_scatter" or "all_gather".
+        collective: "all_reduce", "reduce_scatter", "all_gather", or "p2p" for a point-to-point
+            message (ranks: 2, the sender and the receiver).
         latency_us: per communication step (both paths take the same number of steps), finite.
         overlap: True when codec, link and host overlap perfectly (pipelined large messages).
         pipeline: pipeline slices per call (the collectives' `pipeline` depth), >= 1: each slice
@@ -264,27 +274,30 @@ def estimate(
     link_bytes_s = _positive("link_gbps", link_gbps) * 1e9 / 8
     ranks = _integer("ranks", ranks, 2)
     codec_bytes_s = None if codec_gbytes_s is None else _positive("codec_gbytes_s", codec_gbytes_s) * 1e9
-    if collective not in COLLECTIVES:
-        raise ValueError(f"collective must be one of {list(COLLECTIVES)}, got {collective!r}")
+    if collective not in COLLECTIVES + (P2P,):
+        raise ValueError(f"collective must be one of {list(COLLECTIVES + (P2P,))}, got {collective!r}")
     latency_us = _non_negative("latency_us", latency_us)
     pipeline = _integer("pipeline", pipeline, 1)
+    if collective == P2P and (pipeline != 1 or ranks != 2):
+        raise ValueError(f"a p2p message has one slice between 2 ranks, got pipeline={pipeline}, ranks={ranks}")
     host_us_per_launch = _non_negative("host_us_per_launch", host_us_per_launch)
 
     p = ranks
     dense = numel * dtype.itemsize
     # a disabled config runs the native collective: same bytes, no codec
     two_phase = collective == "all_reduce"
-    steps = (2 if two_phase else 1) * (p - 1)
+    steps = 1 if collective == P2P else (2 if two_phase else 1) * (p - 1)
     # every rank sends its shard in an all_gather, 1/P of the message
-    native_bytes = ring_bytes(collective, dense / p if collective == "all_gather" else dense, p)
+    native_bytes = ring_bytes("send" if collective == P2P else collective,
+                              dense / p if collective == "all_gather" else dense, p)
     compressed_bytes = (compressed_bytes_per_rank(numel, config, p, collective, pipeline) if config.enabled
                         else native_bytes)
     latency = steps * latency_us * 1e-6
     native_s = native_bytes / link_bytes_s + latency
     link_s = compressed_bytes / link_bytes_s + latency
-    passes = {"all_reduce": 3 + 1 / p, "reduce_scatter": 2.0, "all_gather": 1 + 1 / p}[collective]
+    passes = {"all_reduce": 3 + 1 / p, "reduce_scatter": 2.0, "all_gather": 1 + 1 / p, P2P: 2.0}[collective]
     codec_s = 0.0 if codec_bytes_s is None or not config.enabled else passes * dense / codec_bytes_s
-    n_slices = len(contract.pieces(contract.chunks(collective, numel, p)[0], pipeline))
+    n_slices = 1 if collective == P2P else len(contract.pieces(contract.chunks(collective, numel, p)[0], pipeline))
     launches = contract.launches(collective, n_slices) if config.enabled else 0
     host_s = launches * host_us_per_launch * 1e-6
     compressed_s = max(link_s, codec_s, host_s) if overlap else link_s + codec_s + host_s

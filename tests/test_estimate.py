@@ -85,6 +85,39 @@ def test_byte_counts_equal_what_the_collectives_send():
         assert e.compressed_bytes_per_rank == pytest.approx(sent[(collective, True)], rel=1e-12), collective
 
 
+def sent_p2p_bytes(rank: int, world: int) -> dict:
+    """WireStats of a p2p message (rank 0 to rank 1) of SHAPE, native and compressed, on rank 0,
+    the handshake's bytes left out."""
+    from taco_triton.collectives import p2p
+
+    msg = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    out = {}
+    for enabled in (False, True):
+        cfg = taco.CompressionConfig(enabled=enabled)
+        with taco.WireStats() as ws:
+            if rank == 0:
+                p2p.isend(msg, 1, config=cfg, min_bytes=0).wait()
+            else:
+                p2p.irecv(torch.empty_like(msg), 0, config=cfg, min_bytes=0).wait()
+        out[enabled] = ws.wire_bytes - ws.fingerprint_bytes
+    return out
+
+
+def test_a_p2p_message_is_the_bytes_its_sender_sends_in_one_step_with_two_codec_passes():
+    sent = run_ranks(sent_p2p_bytes, 2)[0]
+    n, link, codec = math.prod(SHAPE), 1.0, 50.0
+    e = taco.estimate(n, torch.bfloat16, link_gbps=link, ranks=2, collective="p2p", codec_gbytes_s=codec,
+                      latency_us=7.0)
+    assert e.native_bytes_per_rank == sent[False] == 2 * n
+    assert e.compressed_bytes_per_rank == sent[True]
+    assert e.native_s == pytest.approx(2 * n / (link * 1e9 / 8) + 7e-6, rel=1e-12)
+    assert e.codec_s == pytest.approx(2 * 2 * n / (codec * 1e9), rel=1e-12)  # compress, then decompress
+    assert e.launches == 2
+    for bad in (dict(pipeline=2), dict(ranks=4)):
+        with pytest.raises(ValueError, match="p2p message has one slice between 2 ranks"):
+            taco.estimate(n, **{"ranks": 2, **bad}, collective="p2p")
+
+
 @pytest.mark.parametrize("ranks", [2, 8])
 def test_without_codec_time_the_speedup_is_the_inverse_wire_ratio(ranks):
     e = taco.estimate(1 << 24, link_gbps=100.0, ranks=ranks, codec_gbytes_s=None, host_us_per_launch=0)

@@ -10,7 +10,7 @@ from ..config import CompressionConfig
 from ..estimate import estimate
 from .hardware import Cluster
 from .spec import Layout, ModelSpec
-from .trace import Comm, dp_comms, pp_comms, pp_wire_bytes, site_pattern, tp_comms
+from .trace import Comm, dp_comms, pp_comms, site_pattern, tp_comms
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "Timed", "break_even_bytes", "compose", "time_comm"]
 
@@ -47,8 +47,8 @@ def time_comm(comm: Comm, cluster: Cluster, spanned: int) -> Timed:
 
     Collectives: `taco_triton.estimate` (ring bytes, the compressed wire bytes, codec passes at
     `cluster.codec_rate`, launches) with the collectives' own pipeline depth (`pipeline="auto"`),
-    slices overlapped as in `_pipelined`. Sends: the dense tensor, or the wire buffer plus one
-    compress on the sender and one decompress on the receiver (a launch each).
+    slices overlapped as in `_pipelined`; a send as `estimate`'s "p2p" message (the tensor, or its
+    wire buffer plus one compress on the sender and one decompress on the receiver).
 
     Args:
         comm: the communication.
@@ -61,17 +61,11 @@ def time_comm(comm: Comm, cluster: Cluster, spanned: int) -> Timed:
     gbytes_s, latency_us = cluster.link(spanned)
     cfg, itemsize = comm.config, comm.dtype.itemsize
     dense = comm.numel * itemsize
-    if comm.collective == "send":
-        native = dense / (gbytes_s * 1e9) + latency_us * 1e-6
-        if cfg is None:
-            return Timed(comm, native, native, dense, dense)
-        wire = pp_wire_bytes(comm)
-        codec = 2 * dense / (cluster.codec_rate(cfg, itemsize) * 1e9) + 2 * cluster.host_us_per_launch * 1e-6
-        return Timed(comm, native, wire / (gbytes_s * 1e9) + latency_us * 1e-6 + codec, dense, wire)
-    slices = depth(dense, "auto") if cfg is not None else 1
-    e = estimate(comm.numel, comm.dtype, cfg or _NATIVE, gbytes_s * 8, comm.ranks,
+    collective, ranks = ("p2p", 2) if comm.collective == "send" else (comm.collective, comm.ranks)
+    slices = depth(dense, "auto") if cfg is not None and collective != "p2p" else 1
+    e = estimate(comm.numel, comm.dtype, cfg or _NATIVE, gbytes_s * 8, ranks,
                  codec_gbytes_s=cluster.codec_rate(cfg, itemsize) if cfg is not None else None,
-                 collective=comm.collective, latency_us=latency_us, pipeline=slices,
+                 collective=collective, latency_us=latency_us, pipeline=slices,
                  host_us_per_launch=cluster.host_us_per_launch)
     if cfg is None:
         return Timed(comm, e.native_s, e.native_s, e.native_bytes_per_rank, e.native_bytes_per_rank)
