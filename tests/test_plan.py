@@ -308,6 +308,34 @@ def test_the_cpu_validation_predicts_every_measured_step_within_15_percent():
         assert abs(row.predicted_step_ms / row.measured_step_ms - 1) <= 0.15, row
 
 
+def test_the_cpu_validation_runs_end_to_end_on_a_small_model(tmp_path):
+    """A small case of bench/plan_validation.py on the plain loopback: both ranks train a 1-layer
+    TinyGPT (h = 32) with FP8 TP for 3 steps, the microbenchmarks and the codec timed between
+    steps; the model is fed what they measured and adds the TP collectives to their time."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import plan_validation as pv
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    args = argparse.Namespace(batch=2, seq=16, hidden=32, layers=1, heads=4, steps=3, warmup=1, cell_timeout=300)
+
+    class Loopback:  # no namespace: the command as it is
+        @staticmethod
+        def wrap(argv):
+            return argv
+
+    got = pv.run_cell(Loopback(), "fp8", args, str(tmp_path))
+    for k in ("measured_step_ms", "measured_compute_ms", "gemm_s", "elementwise_s", "latency_us", "codec_gbytes_s"):
+        assert got[k] > 0 and math.isfinite(got[k]), (k, got)
+    p = pv.predict(10.0, "fp8", got["gemm_s"], got["elementwise_s"], got["codec_gbytes_s"], got["latency_us"], args)
+    flops, nbytes = pv.step_work(args)
+    assert p["model_tflops"] == pytest.approx(flops / got["gemm_s"] / 1e12, rel=1e-12)
+    assert p["model_gbytes_s"] == pytest.approx(nbytes / got["elementwise_s"] / 1e9, rel=1e-12)
+    assert p["predicted_step_ms"] > p["model_compute_ms"] > 1e3 * (got["gemm_s"] + got["elementwise_s"])
+
+
 def test_the_step_time_page_shows_what_its_blocks_print():
     """Every table row the guide's blocks print is on the page as printed (the first block is the
     quick example: it prints the table of one step, not a page table)."""
