@@ -113,6 +113,31 @@ def target_flags(target: Target) -> dict:
     }
 
 
+def row_gather(kernel: str, target: Target, pack_k: int) -> bool:
+    """ROW_GATHER of the kernels that quantize a tile (compress, the fused reduce): whether the
+    per-row scale work moves to a layout of one row per thread (`_tile.one_thread_per_row`)
+    before it runs. Chosen with bench/aot.py (the collectives' launches at P = 2, 16 MiB): it pays
+    where the tile's layout spreads a row over several threads and costs a shared-memory round
+    trip where it does not. Compress on sm_80 .. sm_90, whose MMA output holds a row in 4 threads:
+    sm_90 INT6 at G = 32 0.739 -> 0.546 warp-instructions per element, sm_80 FP8 0.974 -> 0.744;
+    not on sm_100 (tcgen05's accumulator comes out a row per thread: INT4 0.410 -> 0.457) nor
+    gfx942 (0.556 -> 0.595). The reduce, whose sums take the layout of the loaded codes: on NVIDIA
+    (sm_90 FP8 0.793 -> 0.682, sm_100 0.712 -> 0.616) but for INT4 words, which load a row per
+    thread (sm_90 0.772 -> 0.783); on AMD for INT6 words alone (gfx942 0.629 -> 0.598; INT8's
+    VALU-bound 80.8 -> 79.4% of copy bandwidth). The interpreter takes the gather, so the tests
+    run its code; the values are the same either way."""
+    from ._common import INT4_WORD_CODES, INT6_WORD_CODES  # here: _common imports Triton
+
+    if not target.compiled:
+        return True
+    cuda = target.backend == "cuda"
+    if kernel == "compress":
+        return cuda and int(target.arch) < 100
+    if kernel == "reduce":
+        return pack_k != INT4_WORD_CODES.value if cuda else pack_k == INT6_WORD_CODES.value
+    raise ValueError(f"row_gather: no per-row scale work in kernel {kernel!r}; 'compress' or 'reduce'")
+
+
 def op16(kernel: str, target: Target, dtype: torch.dtype, config: CompressionConfig) -> bool:
     """OP16 of the kernels with a transform of 16-bit operands: the dot's operands stay 16-bit,
     exact on tensor cores (products with the table's powers of two are exact; they accumulate in

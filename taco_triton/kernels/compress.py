@@ -19,7 +19,7 @@ from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
 from ._common import STOCHASTIC, codec_constexprs, encoder_constexprs, hadamard_rows, load_tables, row_absmax
 from . import slots
-from ._launch import FusedOp, Launch, Prepared, Target, in_order, launch_meta, op16
+from ._launch import FusedOp, Launch, Prepared, Target, in_order, launch_meta, op16, row_gather
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, load_dense, quantize_store, taco_prescale, tile_rows
 from ._slot_io import (
@@ -48,7 +48,7 @@ def _compress_tile(
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr,
     DUAL: tl.constexpr, ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr,
     DOT_PREC: tl.constexpr, KRON: tl.constexpr, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False,
-    elem_off=0, fast=None, SPLIT: tl.constexpr = False,
+    elem_off=0, fast=None, SPLIT: tl.constexpr = False, ROW_GATHER: tl.constexpr = False,
 ):
     """Compress tile number `tile` of the tensor at x_ptr + elem_off (both kernels below run this
     per tile; fast, SPLIT: `_tile.load_dense`)."""
@@ -71,7 +71,7 @@ def _compress_tile(
     else:
         y = x.to(tl.float32)
     quantize_store(y, row_absmax(y, CDNA), tile, rows, row_ok, offs, n_sb, codes_ptr, scale_a_ptr, scale_b_ptr, seed, pre,
-                   CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K, CDNA)
+                   CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K, CDNA, ROW_GATHER)
 
 
 @triton.jit(do_not_specialize=["tile0"])
@@ -80,7 +80,7 @@ def _compress_kernel(
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, CODE_MAX: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0, TAIL: tl.constexpr = False,
-    CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False,
+    CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False, ROW_GATHER: tl.constexpr = False,
 ):
     h, h16 = h_ptr, h16_ptr
     if HADAMARD:
@@ -88,12 +88,12 @@ def _compress_kernel(
     if TAIL:  # the one-program tail launch of `_tile.aligned_split`: tile number tile0 alone
         _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile0, numel, n_groups, n_sb, seed,
                        G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                       OP16, DOT_PREC, KRON, CDNA, K_CHUNKS)
+                       OP16, DOT_PREC, KRON, CDNA, K_CHUNKS, 0, None, False, ROW_GATHER)
     else:
         for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
             _compress_tile(x_ptr, codes_ptr, scale_a_ptr, scale_b_ptr, h, h16, tile, numel, n_groups, n_sb, seed,
                            G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW, FP8_HW,
-                           OP16, DOT_PREC, KRON, CDNA, K_CHUNKS)
+                           OP16, DOT_PREC, KRON, CDNA, K_CHUNKS, 0, None, False, ROW_GATHER)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -103,7 +103,7 @@ def _compress_slots_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
     ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False, MAX_SLOTS: tl.constexpr = 1,
-    TWO_PATHS: tl.constexpr = False,
+    TWO_PATHS: tl.constexpr = False, ROW_GATHER: tl.constexpr = False,
 ):
     """Compress n_chunks pieces of x, each into its slot of one wire buffer, and write each slot's
     tag and zero padding: the whole send buffer of a collective's pipeline slice in one launch.
@@ -150,7 +150,7 @@ def _compress_slots_kernel(
         base, elem_off, numel, fast = dense_piece(d, t, x_ptr, ELEM_ALIGN, TWO_PATHS)
         _compress_tile(base, slot, a_ptr, b_ptr, h, h16, t, numel, tl.load(d + N_GROUPS), tl.load(d + N_SB),
                        chunk_seed, G, GPS, SBT, CODEC, CODE_MAX, MBITS, EMIN, BITS, PACK_K, HADAMARD, DUAL, ROUND, HW,
-                       FP8_HW, OP16, DOT_PREC, KRON, CDNA, K_CHUNKS, elem_off, fast, TWO_PATHS)
+                       FP8_HW, OP16, DOT_PREC, KRON, CDNA, K_CHUNKS, elem_off, fast, TWO_PATHS, ROW_GATHER)
 
 
 def _int4_words(config: CompressionConfig) -> bool:
@@ -172,9 +172,10 @@ def _meta(x_dtype, config: CompressionConfig, target: Target, params: dict, code
     # (`_common._dot_k_chunks`; one dot spilled 1240 B on sm_89, 1144 B on sm_120, by bench/aot.py)
     k_chunks = (target.backend == "cuda" and (int(target.arch) < 90 or int(target.arch) >= 120)
                 and config.group_size == 128 and config.scales == "dual" and not operands16)
+    codec = codec_constexprs(config.spec, code_address, int4_words=_int4_words(config))
     return launch_meta(
         target, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
-        **codec_constexprs(config.spec, code_address, int4_words=_int4_words(config)),
+        **codec, ROW_GATHER=row_gather("compress", target, codec["PACK_K"]),
         **encoder_constexprs(config.spec), HADAMARD=config.hadamard, DUAL=config.scales == "dual",
         ROUND=int(STOCHASTIC) if config.stochastic else 0, OP16=operands16, K_CHUNKS=k_chunks, **extra,
     )

@@ -30,7 +30,7 @@ from ._common import (
     row_absmax,
 )
 from . import slots
-from ._launch import FusedOp, Launch, Prepared, Target, launch_meta
+from ._launch import FusedOp, Launch, Prepared, Target, launch_meta, row_gather
 from ._tables import SB_PER_TILE, TILE_ELEMS, hadamard_tables
 from ._tile import check_inf_above, load_scales, quantize_store, store_dense, taco_prescale, tile_rows
 from ._slot_io import read_tag, record_error, salt_in_kernel, write_tag
@@ -45,7 +45,7 @@ def _reduce_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr,
     DUAL: tl.constexpr, ROUND: tl.constexpr, DENSE: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr,
     DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, TAGGED: tl.constexpr = False, KRON: tl.constexpr = 0,
-    CDNA: tl.constexpr = 0, SCALED: tl.constexpr = True, SPLIT: tl.constexpr = False,
+    CDNA: tl.constexpr = 0, SCALED: tl.constexpr = True, SPLIT: tl.constexpr = False, ROW_GATHER: tl.constexpr = False,
 ):
     """Sum n_ranks wire buffers tile by tile (see `reduce_launch`). SPLIT (the collectives' dense
     output of a size that is not a multiple of 16, a reduce_scatter's odd shard): its whole tiles
@@ -116,7 +116,7 @@ def _reduce_kernel(
                 amax = amax * pre_out
             quantize_store(acc, amax, tile, rows, row_ok, offs, n_sb, out_codes_ptr, out_a_ptr, out_b_ptr, seed, pre_out,
                            CODEC, CODE_MAX, MBITS, EMIN, SBT, GPS, DUAL, ROUND, HW, FP8_HW, G, BITS, PACK_K,
-                           CDNA)
+                           CDNA, ROW_GATHER)
 
 
 def _row_views(bufs: torch.Tensor, layout: WireLayout):
@@ -151,9 +151,10 @@ def reduce_launch(in_c, in_a, in_b, strides: tuple, n_ranks: int, o_c, o_a, o_b,
     code_addresses = (in_c.data_ptr(), strides[0]) + (() if dense else (o_c.data_ptr(),))
     h, h16 = hadamard_tables(config.group_size, 1.0, torch.float32, device, shaped=device is None)
     n_tiles = -(-layout.n_superblocks // SB_PER_TILE)
+    codec = codec_constexprs(config.spec, *code_addresses)
     meta = launch_meta(
         target, params, G=config.group_size, GPS=SUPERBLOCK_ELEMS // config.group_size, SBT=SB_PER_TILE,
-        **codec_constexprs(config.spec, *code_addresses), **encoder_constexprs(config.spec),
+        **codec, **encoder_constexprs(config.spec), ROW_GATHER=not dense and row_gather("reduce", target, codec["PACK_K"]),
         HADAMARD=config.hadamard, DUAL=config.scales == "dual", ROUND=int(STOCHASTIC) if config.stochastic else 0,
         DENSE=dense, OVERFLOW=inf_above != math.inf, TAGGED=tags is not None, SCALED=scale != 1.0,
         SPLIT=dense and tags is not None and numel % slots.VECTOR_ELEMS != 0 and numel > TILE_ELEMS,
