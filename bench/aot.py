@@ -1536,23 +1536,11 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
      "get 168 registers from ptxas where the same kernel takes 176-198 in every other call, and none spills. "
      "What it would take: a register budget per launch (Triton's maxnreg), which the launches do not pass"),
     # FP8 and INT8
-    ({"kernel": "reduce_tagged", "target": "sm_90", "world": 2},
-     "P = 2: one tile per program and slice (a rank's piece of a 16 MiB slice is 256 tiles for 264 resident "
-     "programs), so each program's fixed work (103 warp-instructions outside loops: set-up, 64-bit row pointers; "
-     "23 per rank for its tag) is paid per tile, and the tile loop's scale work runs per row in each of the 8 "
-     "threads that hold a row (the two correctly rounded divisions: 155 of FP8's 820 instructions outside the "
-     "loop over ranks), against a launch that moves 3 wire bytes per element: FP8 92%, INT8 86% (0.79 and 0.85 "
-     "warp-instructions per element where 95% allows 0.77). What it would take: the per-row work in a layout "
-     "of one row per thread, or two tiles per program"),
-    ({"kernel": "reduce_tagged", "target": "sm_80", "codec": "fp8_e4m3"},
-     "P = 2: one tile per program and slice (256 tiles for 256 programs at 16 MiB), so each program's fixed work "
-     "(91 instructions outside loops, 46 in its loop over the ranks' tags) is paid per tile, on a "
-     "1,312-instruction tile loop and 606 per rank, over half of them decoding E4M3 without FP8 hardware (byte "
-     "permutes, a NaN select per code, half-precision arithmetic): 1.30 warp-instructions per element where "
-     "80% of A100's copy bandwidth allows 1.26 (INT8, converted in one instruction, is at 100%). What it would "
-     "take: two tiles per program (1.27), or a decode of packed pairs (the NaN test and the conversion to FP32 "
-     "on two codes at once: about 1.5 instructions per code fewer, 1.21)"),
-    ({"kernel": "reduce_tagged", "target": "sm_100"}, "as sm_90 at P = 2..8, against B200's 8 TB/s"),
+    ({"kernel": "reduce_tagged", "target": "sm_100"},
+     "P = 2..8: one tile per program and slice (a rank's piece of a 16 MiB slice is 256 tiles at P = 2), so each "
+     "program's fixed work (set-up, 64-bit row pointers, each rank's tag) is paid per tile, against B200's 8 TB/s "
+     "(P = 2, 16 MiB, with the per-row work once per row: FP8 0.616 warp-instructions per element, 79%; INT8 "
+     "0.649, 75%)"),
     ({"kernel": "reduce_tagged_dense", "target": "sm_100"},
      "as the tagged reduce on sm_100, plus the inverse transform of the FP32 sums (three bf16 passes)"),
     ({"kernel": "reduce_tagged", "target": "gfx942"},
