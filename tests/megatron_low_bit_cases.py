@@ -275,3 +275,45 @@ def weight_deltas_plain(rank, world, steps) -> dict:
         limits.append(bounds.l2_error_bound(delta, taco.compress(delta, wd.config), torch.float32)
                       + U_BF16 / (1 - U_BF16) * float(mine.double().norm()))
     return {"identical": _all_equal(buf), "errors": errors, "limits": limits}
+
+
+def clipped_step(rank, world) -> dict:
+    """One training step at PP = 2 x DP = 2 (every axis native) with --clip-grad far below the
+    gradients' norm, with and without the distributed optimizer: the global norm `Stage` computed
+    (`grad_norm`), and the norm of the gradients AdamW was handed, summed here without `Stage`'s
+    groups: every rank's sum of squares gathered over the world, each part of the model counted
+    once (with the distributed optimizer every rank holds its own shards; without it, the DP
+    replicas hold the same whole-stage gradients, so DP rank 0's alone)."""
+    from megatron.core import parallel_state as ps
+
+    from taco_triton.examples.train_megatron import Stage
+
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    native = CompressionPolicy(default=None)
+    out = {}
+    for dist_opt in (False, True):
+        with tm.cpu_compat():
+            ps.initialize_model_parallel(pipeline_model_parallel_size=2)
+            try:
+                stage = Stage(argparse.Namespace(**ARGS, clip_grad=1e-3), 1, 2, torch.device("cpu"),
+                              use_distributed_optimizer=dist_opt)
+                handle = tm.enable(model=stage.gpt, tp=native, pp=native, dp=native)
+                seen = []
+                step = stage.opt.step
+
+                def spy(*a, **k):
+                    seen.append(sum(float(m.grad.double().square().sum()) for m in stage.master))
+                    return step(*a, **k)
+
+                stage.opt.step = spy
+                try:
+                    stage.train_step(*_batch(0))
+                finally:
+                    handle.disable()
+                counted = dist_opt or ps.get_data_parallel_rank() == 0
+                parts: list = [None] * world
+                dist.all_gather_object(parts, seen[0] if counted else 0.0)
+                out[dist_opt] = {"grad_norm": stage.grad_norm, "clipped_norm": sum(parts) ** 0.5}
+            finally:
+                ps.destroy_model_parallel()
+    return out

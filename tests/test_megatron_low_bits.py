@@ -116,3 +116,20 @@ def test_weight_deltas_without_megatron_sync_and_async():
         assert r["identical"]
         for err, limit in zip(r["errors"], r["limits"]):
             assert 0 < err <= limit, (r["errors"], r["limits"])
+
+
+@needs_megatron
+def test_clip_grad_takes_the_norm_over_every_stage_and_shard():
+    from . import megatron_low_bit_cases as mc
+
+    runs = run_ranks(mc.clipped_step, 4, timeout_s=300, pg_timeout_s=200)
+    for r in runs:
+        plain, sharded = r[False], r[True]
+        assert plain["grad_norm"] == runs[0][False]["grad_norm"]  # every rank scales by the same norm
+        # the same gradients (two replicas' FP32 sum, in either order the same bits), their squares
+        # summed in FP64 in another order: equal far inside FP32's rounding
+        assert sharded["grad_norm"] == pytest.approx(plain["grad_norm"], rel=2.0**-24)
+        assert plain["grad_norm"] > 1e-3 * 10  # the clip acted
+        for run in (plain, sharded):  # scaled by 1e-3 / (norm + 1e-6); FP32 rounding per element
+            g = run["grad_norm"]
+            assert run["clipped_norm"] == pytest.approx(g * 1e-3 / (g + 1e-6), rel=2.0**-20), run

@@ -9,6 +9,7 @@ compression perturbs the trajectory, so it may also end lower).
 import importlib.util
 
 import pytest
+import torch
 
 from taco_triton.examples import train_gpt
 
@@ -87,3 +88,38 @@ def test_enable_axes_compresses_only_the_named_axes():
         assert h.policies["tp"] is pol and h.policies["pp"].config_for(*site) is None
         assert h.policies["dp"].config_for(*site) == GRADIENT_CONFIG.replace(rounding="nearest")
         assert h.error_feedback
+
+
+# ---------------------------------------------------------------------- the 3D benchmark's recipe
+def test_lr_factor_warms_up_then_decays_by_cosine():
+    from types import SimpleNamespace
+
+    from taco_triton.examples.train_megatron import lr_factor
+
+    a = SimpleNamespace(warmup_steps=4, lr_schedule="cosine", min_lr_ratio=0.1, steps=104)
+    assert [lr_factor(s, a) for s in (1, 2, 4)] == [0.25, 0.5, 1.0]
+    assert lr_factor(54, a) == pytest.approx(0.55)  # half way down: the mean of 1 and 0.1
+    assert lr_factor(104, a) == pytest.approx(0.1) and lr_factor(200, a) == pytest.approx(0.1)
+    decay = [lr_factor(s, a) for s in range(4, 105)]
+    assert all(x > y for x, y in zip(decay, decay[1:]))
+    assert lr_factor(50, SimpleNamespace(warmup_steps=0, lr_schedule="constant")) == 1.0
+
+
+def test_control_nudges_one_weight_by_one_bf16_step():
+    from taco_triton.examples.train_megatron import nudge_one_weight
+
+    for sign in (1, -1):
+        w = sign * (torch.rand(256, 8, generator=torch.Generator().manual_seed(0)) + 0.5)
+        before = w.clone()
+        nudge_one_weight(w)
+        changed = (w != before).nonzero().tolist()
+        assert changed == [[32, 0]]
+        b0, b1 = before[32, 0].bfloat16(), w[32, 0].bfloat16()
+        assert float(b1) == float(w[32, 0])  # a bf16 value
+        assert int(b1.view(torch.int16)) - int(b0.view(torch.int16)) == 1  # the next one away from zero
+        assert abs(float(w[32, 0])) > abs(float(b0))
+
+
+def test_recipe_flags_need_megatron():
+    with pytest.raises(SystemExit, match="need --megatron"):
+        train_gpt.main(["--clip-grad", "1.0", "--steps", "1"])

@@ -242,6 +242,14 @@ def parser(prog: str = "python -m taco_triton.examples.train_gpt", doc: str = __
     ap.add_argument("--seq", type=int, default=128, help="tokens per sequence")
     ap.add_argument("--batch", type=int, default=16, help="sequences per step")
     ap.add_argument("--lr", type=float, default=2e-3, help="learning rate")
+    ap.add_argument("--warmup-steps", type=int, default=0,
+                    help="--megatron: the learning rate rises linearly from lr / warmup to lr over this many steps")
+    ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                    help="--megatron: after the warm-up, constant, or a cosine decay to --min-lr-ratio * lr at --steps")
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1, help="--megatron: the cosine decay's final lr / lr")
+    ap.add_argument("--adam-beta2", type=float, default=0.999, help="--megatron: AdamW's beta2 (GPT training: 0.95)")
+    ap.add_argument("--clip-grad", type=float, default=0.0,
+                    help="--megatron: clip the global gradient norm (all stages and shards) to this (0: off)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (the same in every mode)")
     ap.add_argument("--eval-every", type=int, default=50, help="validation loss every this many steps (and at the last)")
     ap.add_argument("--eval-batches", type=int, default=8, help="batches per validation")
@@ -308,6 +316,9 @@ def main(argv=None, cli: argparse.ArgumentParser | None = None):
     for m in modes:
         if m not in known:
             raise SystemExit(f"unknown --compress mode {m!r}; choose from {known}")
+    if not args.megatron and (args.warmup_steps or args.lr_schedule != "constant" or args.clip_grad
+                              or args.adam_beta2 != 0.999):
+        raise SystemExit("--warmup-steps / --lr-schedule / --adam-beta2 / --clip-grad need --megatron")
     if not args.megatron and (args.pp, args.dp) != (1, 1):
         raise SystemExit(f"--pp {args.pp} / --dp {args.dp} need --megatron (TinyGPT is TP only)")
     models = [f"--{m}" for m in ("megatron", "dtensor", "minilm") if getattr(args, m)]

@@ -42,6 +42,7 @@ parallelism is not supported here (megatron's torch LayerNorm wrapper refuses it
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -75,6 +76,36 @@ def check_layout(args, world: int) -> tuple[int, int, int]:
     return tp, pp, dp
 
 
+def nudge_one_weight(embedding: torch.Tensor) -> None:
+    """Mode "control": the embedding of the space byte (row 32, the most frequent byte of Python
+    source), its first element, rounded to bf16 and moved one bf16 unit in the last place away from
+    zero, in place; every DP replica does the same. A change of one rounding step in one weight,
+    nothing compressed: how far two otherwise identical runs end apart measures the benchmark's
+    noise floor (the chaos of training), against which a compressed mode's change is read."""
+    with torch.no_grad():
+        b = embedding[32, 0].to(torch.bfloat16).reshape(1)
+        embedding[32, 0] = (b.view(torch.int16) + 1).view(torch.bfloat16).float()[0]
+
+
+def lr_factor(step: int, args) -> float:
+    """The learning rate of `step` (1-based) over --lr: a linear warm-up over --warmup-steps, then
+    constant, or (--lr-schedule cosine) a cosine decay from 1 to --min-lr-ratio at --steps.
+
+        >>> from types import SimpleNamespace as A
+        >>> a = A(warmup_steps=10, lr_schedule="cosine", min_lr_ratio=0.1, steps=110)
+        >>> [round(lr_factor(s, a), 3) for s in (1, 10, 60, 110)]
+        [0.1, 1.0, 0.55, 0.1]
+    """
+    warmup = getattr(args, "warmup_steps", 0)
+    if step <= warmup:
+        return step / warmup
+    if getattr(args, "lr_schedule", "constant") != "cosine":
+        return 1.0
+    done = min(1.0, (step - warmup) / max(1, args.steps - warmup))
+    low = args.min_lr_ratio
+    return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * done))
+
+
 class Stage:
     """This rank's pipeline stage of the GPT, wrapped in megatron's DDP, with FP32 master weights,
     and one training / evaluation step through megatron's pipeline schedule.
@@ -82,9 +113,11 @@ class Stage:
     `use_distributed_optimizer`: DDP reduce-scatters each gradient bucket (each DP rank gets its
     shard, as megatron's distributed optimizer expects); `train_step` then runs AdamW on FP32
     master copies of this rank's shard of each bucket (AdamW is elementwise: the same update as
-    on whole tensors) and all-gathers the parameters (`model.start_param_sync`)."""
+    on whole tensors) and all-gathers the parameters (`model.start_param_sync`). `perturb`: the
+    initial weights with `nudge_one_weight` applied to the byte embedding (mode "control")."""
 
-    def __init__(self, args, tp: int, pp: int, device: torch.device, use_distributed_optimizer: bool = False):
+    def __init__(self, args, tp: int, pp: int, device: torch.device, use_distributed_optimizer: bool = False,
+                 perturb: bool = False):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -99,6 +132,8 @@ class Stage:
         gpt = GPTModel(config=self.config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
                        max_sequence_length=args.seq, pre_process=ps.is_pipeline_first_stage(),
                        post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=False)
+        if perturb and ps.is_pipeline_first_stage() and ps.get_tensor_model_parallel_rank() == 0:
+            nudge_one_weight(gpt.embedding.word_embeddings.weight)
         self.params = [p for p in gpt.parameters() if p.requires_grad]
         self.master = [p.detach().clone().float().requires_grad_(True) for p in self.params]
         gpt.to(device=device, dtype=torch.bfloat16)  # bf16 compute and communication on FP32 master weights
@@ -112,7 +147,16 @@ class Stage:
             self.shards = [(b.param_data.view(-1).chunk(dp)[me], b.grad_data.view(-1).chunk(dp)[me])
                            for buf in self.model.buffers for b in buf.buckets]
             self.master = [w.detach().float().clone().requires_grad_(True) for w, _ in self.shards]
-        self.opt = torch.optim.AdamW(self.master, lr=args.lr, weight_decay=0.01)
+        self.opt = torch.optim.AdamW(self.master, lr=args.lr, betas=(0.9, getattr(args, "adam_beta2", 0.999)),
+                                     weight_decay=0.01)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: lr_factor(i + 1, args))
+        self.clip = getattr(args, "clip_grad", 0.0)
+        if self.clip and tp > 1:  # TP-duplicated parameters (layer norms) would count tp times in the norm
+            raise ValueError("--clip-grad is implemented for --tp 1 only")
+        # the ranks whose gradients together make the whole model's, each part once: the pipeline stages
+        # and, with the distributed optimizer, the DP ranks' shards
+        self.norm_groups = [ps.get_pipeline_model_parallel_group()] + (
+            [ps.get_data_parallel_group()] if use_distributed_optimizer else [])
         self.forward_backward = get_forward_backward_func()
         self.last_stage = ps.is_pipeline_last_stage()
         self.pos = torch.arange(args.seq, device=device)[None]
@@ -148,8 +192,7 @@ class Stage:
         if self.dist_opt:
             for m, (_, g) in zip(self.master, self.shards):
                 m.grad = g.float()
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
+            self._clip_and_step()
             with torch.no_grad():
                 for m, (w, _) in zip(self.master, self.shards):
                     w.copy_(m)
@@ -157,12 +200,30 @@ class Stage:
             return loss
         for m, p in zip(self.master, self.params):
             m.grad = p.main_grad.float()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        self._clip_and_step()
         with torch.no_grad():
             for m, p in zip(self.master, self.params):
                 p.copy_(m)
         return loss
+
+    def _clip_and_step(self) -> None:
+        """AdamW on the master weights' gradients (clipped to a global norm of --clip-grad first, when
+        set: the norm over every stage's and shard's gradients, kept as `grad_norm`), then the
+        schedule's next lr."""
+        if self.clip:
+            import torch.distributed as dist
+
+            sq = torch.stack([m.grad.double().square().sum() for m in self.master]).sum().reshape(1)
+            for g in self.norm_groups:  # a scalar per step, not routed (not counted as traffic)
+                dist.all_reduce(sq, group=g)
+            self.grad_norm = float(sq.sqrt())
+            scale = self.clip / (self.grad_norm + 1e-6)
+            if scale < 1:
+                for m in self.master:
+                    m.grad.mul_(scale)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.sched.step()
 
     def eval_loss(self, x, y) -> float:
         self.model.eval()
@@ -184,15 +245,17 @@ def enable_axes(policy, gpt, axes, error_feedback: bool):
                      **{a: per_axis[a] if a in axes else native for a in tm.AXES})
 
 
-#: The modes of the 3D low-bit comparison (besides "none"): today's defaults on every axis, 4-bit
-#: DP, 6-bit PP, and both (see `enable_low_bit`).
-LOW_BIT_MODES = ("defaults", "dp4", "pp6", "dp4+pp6")
+#: The modes of the 3D low-bit comparison (besides "none"): the control (nothing compressed, one
+#: weight nudged by one bf16 rounding step: `nudge_one_weight`), today's defaults on every axis,
+#: 4-bit DP, 6-bit PP, and both (see `enable_low_bit`).
+LOW_BIT_MODES = ("control", "defaults", "dp4", "pp6", "dp4+pp6")
 
 
 def enable_low_bit(mode: str, gpt, args):
     """`integrations.megatron.enable` for one of `LOW_BIT_MODES` (the axes a mode leaves alone are
     routed natively, counted):
 
+    - control: every axis native, as "none" (the run differs by the weight `nudge_one_weight` moves);
     - defaults: `enable(policy)` with the default policy: TP and PP FP8 (E4M3, G=128, Hadamard), DP
       gradients `GRADIENT_CONFIG` (INT8, Hadamard, stochastic rounding), parameter all-gather exact;
     - dp4: DP gradients by the two-level reduction (`integrations.two_level`: INT8 inside a node,
@@ -209,6 +272,8 @@ def enable_low_bit(mode: str, gpt, args):
 
     common = dict(min_bytes=args.min_bytes)
     native = CompressionPolicy(default=None)
+    if mode == "control":  # as "none"; the difference is the initial weight `Stage` nudges
+        return tm.enable(model=gpt, tp=native, pp=native, dp=native)
     if mode == "defaults":
         pol = CompressionPolicy(**common)
         return tm.enable(model=gpt, tp=pol, pp=pol, dp=tm.gradient_policy(pol))
@@ -263,7 +328,8 @@ def train_rank_megatron(rank: int, world: int, mode: str, args, device: torch.de
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         handle = None
         try:
-            stage = Stage(args, tp, pp, device, use_distributed_optimizer=getattr(args, "dist_opt", False))
+            stage = Stage(args, tp, pp, device, use_distributed_optimizer=getattr(args, "dist_opt", False),
+                          perturb=mode == "control")
             dp_rank = ps.get_data_parallel_rank()
             if mode in LOW_BIT_MODES:
                 policy = make_policy("none", args)  # stepped like the others; the handle holds the modes' policies
