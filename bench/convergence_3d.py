@@ -35,8 +35,9 @@ rounding step, `train_megatron.nudge_one_weight`: nothing compressed, so its cha
 is the noise floor of the paired comparison), defaults (PP FP8 E4M3 G=128 Hadamard; DP gradients
 INT8 Hadamard stochastic rounding; parameter all-gather exact), dp4 (gradients by the two-level
 reduction, each DP replica on its own emulated node, so the between-node level alone: INT4 G=32
-Hadamard with error feedback; the parameter all-gather as INT4 weight differences), pp6 (PP INT6
-G=32 Hadamard), dp4+pp6.
+Hadamard with error feedback; the parameter all-gather as INT4 weight differences), dp4sr (as dp4, the
+INT4 rounded stochastically and no error feedback, as SDP4Bit's gradients), pp6 (PP INT6 G=32
+Hadamard), dp4+pp6, dp4sr+pp6.
 
 Per run: the final validation loss, its paired change against "none" of the same seed (%), and
 the wire bytes per step of each axis against bf16 (means over the steps, as the handle counts
@@ -64,7 +65,7 @@ from autotune.meta import git_commit  # noqa: E402
 from plots import paired_curves  # noqa: E402
 from taco_triton.examples import train_gpt  # noqa: E402
 
-MODES = "none,control,defaults,dp4,pp6,dp4+pp6"
+MODES = "none,control,defaults,dp4,dp4sr,pp6,dp4+pp6,dp4sr+pp6"
 TRAIN = ["--megatron", "--dist-opt", "--ranks-per-node", "1", "--tp", "1", "--pp", "2", "--dp", "2",
          "--layers", "4", "--hidden", "128", "--heads", "4", "--ffn", "512", "--seq", "64", "--batch", "8",
          "--microbatches", "2", "--lr", "2e-3", "--warmup-steps", "50", "--lr-schedule", "cosine",

@@ -247,8 +247,9 @@ def enable_axes(policy, gpt, axes, error_feedback: bool):
 
 #: The modes of the 3D low-bit comparison (besides "none"): the control (nothing compressed, one
 #: weight nudged by one bf16 rounding step: `nudge_one_weight`), today's defaults on every axis,
-#: 4-bit DP, 6-bit PP, and both (see `enable_low_bit`).
-LOW_BIT_MODES = ("control", "defaults", "dp4", "pp6", "dp4+pp6")
+#: 4-bit DP (between nodes: nearest rounding with error feedback, or "sr": stochastic rounding),
+#: 6-bit PP, and both (see `enable_low_bit`).
+LOW_BIT_MODES = ("control", "defaults", "dp4", "dp4sr", "pp6", "dp4+pp6", "dp4sr+pp6")
 
 
 def enable_low_bit(mode: str, gpt, args):
@@ -261,13 +262,15 @@ def enable_low_bit(mode: str, gpt, args):
     - dp4: DP gradients by the two-level reduction (`integrations.two_level`: INT8 inside a node,
       INT4 with error feedback between nodes; `--ranks-per-node` ranks per emulated node) and, with
       the distributed optimizer, the parameter all-gather as INT4 weight differences;
+    - dp4sr: as dp4, the between-node INT4 rounded stochastically (unbiased every step) and no
+      error feedback, as SDP4Bit's gradients are;
     - pp6: pipeline messages INT6, G=32, Hadamard (`pipeline_policy`);
-    - dp4+pp6: both.
+    - dp4+pp6, dp4sr+pp6: both.
     """
     from megatron.core import parallel_state as ps
 
     from taco_triton.integrations import megatron as tm
-    from taco_triton.integrations.two_level import TwoLevel
+    from taco_triton.integrations.two_level import INTER_CONFIG, TwoLevel
     from taco_triton.parallel import CompressionPolicy
 
     common = dict(min_bytes=args.min_bytes)
@@ -283,8 +286,9 @@ def enable_low_bit(mode: str, gpt, args):
     if "pp6" in mode:
         kw["pp"] = tm.pipeline_policy(CompressionPolicy(**common))
     if "dp4" in mode:  # every rank builds the two-level subgroups, at the same point
+        sr = dict(inter=INTER_CONFIG.replace(rounding="stochastic"), error_feedback=False) if "dp4sr" in mode else {}
         kw.update(dp=CompressionPolicy(**common), weight_deltas=True,
-                  two_level=TwoLevel(ps.get_data_parallel_group(), getattr(args, "ranks_per_node", None)))
+                  two_level=TwoLevel(ps.get_data_parallel_group(), getattr(args, "ranks_per_node", None), **sr))
     return tm.enable(**kw)
 
 
