@@ -22,12 +22,13 @@ and it is chosen for what the benchmark must resolve, a paired change well under
 the peak at the last step, the global gradient norm clipped to 1.0. The validation loss is the
 mean over 64 held-out batches (65,536 tokens, the same in every run). The reason is the control
 (below): at a constant lr of 2e-3 with no warm-up or clipping, and 16 validation batches, as
-this benchmark first ran, the control ended percents from "none" of the same seed (seed 0:
--1.7%; one bf16 rounding step in one weight, nothing compressed), so the final loss of one run
-was a sample of the noise of an undecayed trajectory, and a compressed mode's paired change
-could not be read below a few percent. The decayed lr ends every run near the bottom of its basin instead of
-wherever the last steps' noise left it; that, not the mode, is what the regime was chosen by
-(see docs/accuracy.md for both control tables).
+this benchmark first ran, the control ended -1.71 / -0.72 / -1.01% from "none" of seeds 0 / 1
+/ 2 (one bf16 rounding step in one weight, nothing compressed; with the recipe -0.33 / +0.17 /
+-0.14%), so the final loss of one run was a sample of the noise of an undecayed trajectory, and
+a compressed mode's paired change could not be read below a few percent. The decayed lr ends
+every run near the bottom of its basin instead of wherever the last steps' noise left it; that,
+not any compressed mode, is what the regime was chosen by (docs/accuracy.md has both control
+tables).
 
 Modes (`train_megatron.enable_low_bit`): none (every axis native: bf16 PP, FP32 gradients, bf16
 parameter all-gather), control (as none, with one weight of the initial model moved by one bf16
