@@ -122,10 +122,12 @@ def row_gather(kernel: str, target: Target, pack_k: int) -> bool:
     sm_90 INT6 at G = 32 0.739 -> 0.546 warp-instructions per element, sm_80 FP8 0.974 -> 0.744;
     not on sm_100 (tcgen05's accumulator comes out a row per thread: INT4 0.410 -> 0.457) nor
     gfx942 (0.556 -> 0.595). The reduce, whose sums take the layout of the loaded codes: on NVIDIA
-    (sm_90 FP8 0.793 -> 0.682, sm_100 0.712 -> 0.616) but for INT4 words, which load a row per
-    thread (sm_90 0.772 -> 0.783); on AMD for INT6 words alone (gfx942 0.629 -> 0.598; INT8's
-    VALU-bound 80.8 -> 79.4% of copy bandwidth). The interpreter takes the gather, so the tests
-    run its code; the values are the same either way."""
+    for byte codes (FP8, INT8: sm_90 FP8 0.793 -> 0.682, sm_100 0.712 -> 0.616), not for INT4
+    words, which load a row per thread (sm_90 0.772 -> 0.783), nor INT6 words (sm_90 0.939 -> 0.908
+    at P = 2, but 2.161 -> 2.177 at P = 8 and 3.790 -> 3.869 at P = 16, where the loop over ranks
+    weighs); on AMD for INT6 words alone (gfx942 0.629 -> 0.598 at P = 2; INT8's VALU-bound 80.8 ->
+    79.4% of copy bandwidth). The interpreter takes the gather, so the tests run its code; the
+    values are the same either way."""
     from ._common import INT4_WORD_CODES, INT6_WORD_CODES  # here: _common imports Triton
 
     if not target.compiled:
@@ -134,7 +136,7 @@ def row_gather(kernel: str, target: Target, pack_k: int) -> bool:
     if kernel == "compress":
         return cuda and int(target.arch) < 100
     if kernel == "reduce":
-        return pack_k != INT4_WORD_CODES.value if cuda else pack_k == INT6_WORD_CODES.value
+        return pack_k not in (INT4_WORD_CODES.value, INT6_WORD_CODES.value) if cuda else pack_k == INT6_WORD_CODES.value
     raise ValueError(f"row_gather: no per-row scale work in kernel {kernel!r}; 'compress' or 'reduce'")
 
 
