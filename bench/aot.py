@@ -1515,14 +1515,6 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
      "as the INT6 tagged reduce, plus the inverse transform of the FP32 sums"),
     ({"kernel": "reduce_tagged_dense", "codec": "int6", "target": "sm_100"},
      "as the INT6 tagged reduce, plus the inverse transform of the FP32 sums, against B200's 8 TB/s"),
-    ({"kernel": "compress_slots", "codec": "int6", "target": "sm_90"},
-     "G = 32: 256 rows a tile, and the transform's output holds each row in 4 threads (8 rows a thread), so "
-     "each row's scale work runs 4 times: its two correctly rounded divisions (the group code's ratio to the "
-     "super-block, the reciprocal) take 290 of 1,515 warp-instructions per tile (all_reduce at P = 8). What it "
-     "would take: the per-row work in a layout of one row per thread (a quarter of it), which Triton's layout "
-     "choice does not give for values reduced from the transform's output"),
-    ({"kernel": "compress_slots", "codec": "int4", "target": "sm_90"}, "as INT6: G = 32, each row's scale work "
-     "in the 4 threads that hold the row"),
     ({"kernel": "decompress_slots", "codec": "int6", "target": "sm_100"},
      "one tile per program (1,024 tiles for 512 programs a slice at 16 MiB), so each program's set-up weighs a "
      "tile's work: 165 of 665 warp-instructions per tile, 79 of them allocating and releasing the tensor memory "
@@ -1544,7 +1536,7 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
     ({"kernel": "reduce_tagged_dense", "target": "sm_100"},
      "as the tagged reduce on sm_100, plus the inverse transform of the FP32 sums (three bf16 passes)"),
     ({"kernel": "reduce_tagged", "target": "gfx942"},
-     "as sm_90's per-program work; every rank's FP8 codes decoded through the FNUZ conversions (the plain "
+     "as sm_100's per-program work at small P; every rank's FP8 codes decoded through the FNUZ conversions (the plain "
      "fused reduce is at 81% on gfx942 too); INT8 is at 75-100%"),
     ({"kernel": "reduce_tagged_dense", "target": "gfx942"}, "as the tagged reduce on gfx942, with the FP32 inverse "
      "transform"),
