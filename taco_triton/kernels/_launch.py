@@ -120,7 +120,7 @@ def row_gather(kernel: str, target: Target, pack_k: int) -> bool:
     where the tile's layout spreads a row over several threads and costs a shared-memory round
     trip where it does not. Compress on sm_80 .. sm_90, whose MMA output holds a row in 4 threads:
     sm_90 INT6 at G = 32 0.739 -> 0.546 warp-instructions per element, sm_80 FP8 0.974 -> 0.744;
-    not on sm_100 (tcgen05's accumulator comes out a row per thread: INT4 0.410 -> 0.457) nor
+    not on sm_100 (INT4 0.410 -> 0.457: more instructions with it, the layout not examined) nor
     gfx942 (0.556 -> 0.595). The reduce, whose sums take the layout of the loaded codes: on NVIDIA
     for byte codes (FP8, INT8: sm_90 FP8 0.793 -> 0.682, sm_100 0.712 -> 0.616), not for INT4
     words, which load a row per thread (sm_90 0.772 -> 0.783), nor INT6 words (sm_90 0.939 -> 0.908
