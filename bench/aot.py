@@ -1531,8 +1531,8 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
     ({"kernel": "reduce_tagged", "target": "sm_100"},
      "P = 2..8: one tile per program and slice (a rank's piece of a 16 MiB slice is 256 tiles at P = 2), so each "
      "program's fixed work (set-up, 64-bit row pointers, each rank's tag) is paid per tile, against B200's 8 TB/s "
-     "(P = 2, 16 MiB, with the per-row work once per row: FP8 0.616 warp-instructions per element, 79%; INT8 "
-     "0.649, 75%)"),
+     "(P = 2, 16 MiB; the per-row work once per row would give FP8 0.616 warp-instructions per element, 79%, INT8 "
+     "0.649, 75%, but sm_100's reduce keeps the tile's layout: the gather makes the plain FP8 reduce spill 8 B)"),
     ({"kernel": "reduce_tagged_dense", "target": "sm_100"},
      "as the tagged reduce on sm_100, plus the inverse transform of the FP32 sums (three bf16 passes)"),
     ({"kernel": "reduce_tagged", "target": "gfx942"},

@@ -121,8 +121,9 @@ def row_gather(kernel: str, target: Target, pack_k: int) -> bool:
     trip where it does not. Compress on sm_80 .. sm_90, whose MMA output holds a row in 4 threads:
     sm_90 INT6 at G = 32 0.739 -> 0.546 warp-instructions per element, sm_80 FP8 0.974 -> 0.744;
     not on sm_100 (INT4 0.410 -> 0.457: more instructions with it, the layout not examined) nor
-    gfx942 (0.556 -> 0.595). The reduce, whose sums take the layout of the loaded codes: on NVIDIA
-    for byte codes (FP8, INT8: sm_90 FP8 0.793 -> 0.682, sm_100 0.712 -> 0.616), not for INT4
+    gfx942 (0.556 -> 0.595). The reduce, whose sums take the layout of the loaded codes: on sm_80 ..
+    sm_90 for byte codes (FP8, INT8: sm_90 FP8 0.793 -> 0.682; not on sm_100, where the tagged
+    reduce gained, 0.712 -> 0.616, but the plain FP8 reduce at 4 warps spills 8 bytes), not for INT4
     words, which load a row per thread (sm_90 0.772 -> 0.783), nor INT6 words (sm_90 0.939 -> 0.908
     at P = 2, but 2.161 -> 2.177 at P = 8 and 3.790 -> 3.869 at P = 16, where the loop over ranks
     weighs); on AMD for INT6 words alone (gfx942 0.629 -> 0.598 at P = 2; INT8's VALU-bound 80.8 ->
@@ -136,7 +137,9 @@ def row_gather(kernel: str, target: Target, pack_k: int) -> bool:
     if kernel == "compress":
         return cuda and int(target.arch) < 100
     if kernel == "reduce":
-        return pack_k not in (INT4_WORD_CODES.value, INT6_WORD_CODES.value) if cuda else pack_k == INT6_WORD_CODES.value
+        if cuda:
+            return int(target.arch) < 100 and pack_k not in (INT4_WORD_CODES.value, INT6_WORD_CODES.value)
+        return pack_k == INT6_WORD_CODES.value
     raise ValueError(f"row_gather: no per-row scale work in kernel {kernel!r}; 'compress' or 'reduce'")
 
 
