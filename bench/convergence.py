@@ -38,7 +38,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autotune.meta import git_commit  # noqa: E402
-from plots import paired_curves  # noqa: E402
+from plots import paired_curves, paired_run_arguments, redraw_only  # noqa: E402
 from train_seeds import run_seeds  # noqa: E402
 
 MODEL = "tinygpt"
@@ -83,19 +83,9 @@ def plot(curves: pd.DataFrame, path: str) -> None:
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: %(default)s)")
-    ap.add_argument("--compress", default=MODES, help="modes, as train_gpt's --compress; must include none")
-    ap.add_argument("--steps", type=int, default=1000, help="training steps per run (default: %(default)s)")
-    ap.add_argument("--quick", action="store_true", help="a tiny model, 4 steps, seed 0, none and fp8: seconds")
-    ap.add_argument("--csv", default=None, help="write one row per (mode, seed) here")
-    ap.add_argument("--curves-csv", default=None, help="write every logged step of every run here")
-    ap.add_argument("--plot", default=None, help="draw the loss curves into this PNG (needs matplotlib)")
-    ap.add_argument("--plot-only", action="store_true", help="train nothing: redraw --plot from --curves-csv")
+    paired_run_arguments(ap, MODES, "a tiny model, 4 steps, seed 0, none and fp8: seconds")
     args = ap.parse_args(argv)
-    if args.plot_only:
-        if not (args.plot and args.curves_csv):
-            ap.error("--plot-only needs --plot and --curves-csv")
-        plot(pd.read_csv(args.curves_csv), args.plot)
+    if redraw_only(args, ap, plot):
         return pd.DataFrame()
     train, seeds, modes = TRAIN, [int(s) for s in args.seeds.split(",") if s.strip()], args.compress
     if args.quick:

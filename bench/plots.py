@@ -51,3 +51,28 @@ def paired_curves(curves, path: str, order: list[str], title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     save(fig, path)
+
+
+def paired_run_arguments(ap, modes: str, quick_help: str) -> None:
+    """The command line the paired training benchmarks share (seeds, modes, steps, outputs, and a
+    redraw of the figure from the curves CSV)."""
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: %(default)s)")
+    ap.add_argument("--compress", default=modes, help="modes, as train_gpt's --compress; must include none")
+    ap.add_argument("--steps", type=int, default=1000, help="training steps per run (default: %(default)s)")
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--csv", default=None, help="write one row per (mode, seed) here")
+    ap.add_argument("--curves-csv", default=None, help="write every evaluated step of every run here")
+    ap.add_argument("--plot", default=None, help="draw the loss curves into this PNG (needs matplotlib)")
+    ap.add_argument("--plot-only", action="store_true", help="train nothing: redraw --plot from --curves-csv")
+
+
+def redraw_only(args, ap, plot) -> bool:
+    """With --plot-only, redraw --plot from --curves-csv with `plot(curves, path)`; True if it did."""
+    if not args.plot_only:
+        return False
+    if not (args.plot and args.curves_csv):
+        ap.error("--plot-only needs --plot and --curves-csv")
+    import pandas as pd
+
+    plot(pd.read_csv(args.curves_csv), args.plot)
+    return True
