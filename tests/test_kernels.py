@@ -251,6 +251,36 @@ def test_int4_codes_stored_as_words_when_aligned_write_the_bytes_of_the_byte_pat
         reduce_triton(bufs[:0], x.numel(), cfg)
 
 
+@pytest.mark.parametrize("cfg", [taco.CompressionConfig(codec="int4", group_size=32, hadamard=False),
+                                 taco.CompressionConfig(codec="int6", group_size=32, hadamard=False),
+                                 taco.CompressionConfig(codec="int6", group_size=64)], ids=cfg_id)
+def test_reduce_reads_every_sub_byte_code_at_every_position_of_its_words(cfg):
+    """The reduce reads INT6/INT4 word codes straight into FP32 (`_common._field_f32`): with code
+    bytes drawn at random (every bit pattern is a valid code, so each field of the words takes
+    every value, -2^(BITS-1) and 2^(BITS-1) - 1 included, at every position), the sums and their
+    codes equal the reference's bit for bit, as a plain sum and averaged."""
+    from taco_triton.kernels._common import codec_constexprs
+    from taco_triton.kernels.reduce import reduce_triton
+
+    n, p = 64 * cfg.group_size, 3
+    lay = WireLayout.of(n, cfg)
+    stride = -(-lay.nbytes // 16) * 16
+    bufs = torch.zeros(p, stride, dtype=torch.uint8, device=DEVICE)
+    g = torch.Generator().manual_seed(11)
+    for r in range(p):  # real scales (finite, some groups far apart), random codes
+        x = make_input("outliers", (n,), torch.float32, seed=r).to(DEVICE)
+        bufs[r, : lay.nbytes] = taco.compress(x, cfg, backend="triton").data
+        codes, _, _ = lay.split(bufs[r, : lay.nbytes])
+        codes.copy_(torch.randint(0, 256, codes.shape, generator=g, dtype=torch.uint8))
+    assert codec_constexprs(cfg.spec, bufs.data_ptr(), stride)["PACK_K"] in (8, 16)  # the word path
+    vals = ref.decode_codes(ref.unpack_codes(lay.split(bufs[0, : lay.nbytes])[0], cfg.spec.bits), cfg.spec)
+    half = 1 << (cfg.spec.bits - 1)
+    assert set(vals.unique().tolist()) == set(range(-half, half))
+    for scale in (1.0, 1 / p):
+        got = reduce_triton(bufs, n, cfg, scale)
+        assert torch.equal(got.cpu(), ref.reduce_reference(bufs.cpu(), n, cfg, scale)), scale
+
+
 @pytest.mark.parametrize("cfg", [taco.CompressionConfig(rounding="stochastic", seed=9),
                                  taco.CompressionConfig(codec="int8", hadamard=False, rounding="stochastic", seed=4),
                                  taco.CompressionConfig(codec="int6", group_size=32, hadamard=False),

@@ -296,6 +296,97 @@ def _load_int6_words(codes_ptr, rows, row_ok, ROWS: tl.constexpr, G: tl.constexp
 
 
 @triton.jit
+def runtime_one(n):
+    """1, made from a run-time value n >= 0 the compiler knows nothing of (a kernel argument), for
+    `_field_f32`: its constants multiplied by it cannot be folded into its instructions, so each
+    is computed once per launch and held in a register. Folded, each LOP3 would have two constant
+    operands where the instruction takes one, and ptxas loads the second into a register before
+    every use (sm_90, INT4 tagged reduce: 49 moves per rank and tile, 338 -> 390 instructions)."""
+    return (n >= 0).to(tl.int32)
+
+
+@triton.jit
+def _field_f32(v, one, BITS: tl.constexpr, S: tl.constexpr):
+    """The BITS-bit two's-complement code at bit S of int32 v as an exact FP32 value (S + BITS <= 23).
+
+    One LOP3 puts the field's bits, its sign bit flipped (code + 2^(BITS-1): 0 .. 2^BITS - 1), in
+    the mantissa of a float whose exponent makes the field's lowest bit weigh 1: the float is
+    2^(23-S) + code + 2^(BITS-1), and one FADD takes the constant off. Both steps are exact, so
+    the value is the code's own, as the conversion of the sign-extended integer gives it, in two
+    instructions where the extract, sign-extend and integer conversion (a quarter-rate instruction
+    on NVIDIA) take three. `one`: `runtime_one`.
+    """
+    HALF: tl.constexpr = 1 << (BITS - 1)
+    MASK: tl.constexpr = ((1 << BITS) - 1) << S
+    X: tl.constexpr = ((150 - S) << 23) | (HALF << S)  # the float 2^(23-S) + 2^(BITS-1): code 0
+    f = ((v & MASK) ^ (one * X)).to(tl.float32, bitcast=True)
+    return f - (2.0 ** (23 - S) + HALF)
+
+
+@triton.jit
+def _int4_words_f32(codes_ptr, rows, row_ok, one, ROWS: tl.constexpr, G: tl.constexpr):
+    """INT4 codes [ROWS, G] stored as words of 8 (`_store_int4_words`) as exact FP32 values, 0 in
+    masked rows: the low half-word's 4 codes in place, the high half's after one shift."""
+    NW: tl.constexpr = G // 8
+    wp = codes_ptr.to(tl.pointer_type(tl.int32))
+    w = tl.load(wp + rows[:, None] * NW + tl.arange(0, NW)[None, :], mask=row_ok[:, None], other=0)
+    hi = w >> 16  # the sign bits shifted in lie above every field read
+    # [r, w, i, j, k] = code 4i + 2j + k (the innermost join is the last index)
+    c = tl.join(tl.join(tl.join(_field_f32(w, one, 4, 0), _field_f32(hi, one, 4, 0)),
+                        tl.join(_field_f32(w, one, 4, 8), _field_f32(hi, one, 4, 8))),
+                tl.join(tl.join(_field_f32(w, one, 4, 4), _field_f32(hi, one, 4, 4)),
+                        tl.join(_field_f32(w, one, 4, 12), _field_f32(hi, one, 4, 12))))
+    return tl.reshape(c, [ROWS, G])
+
+
+@triton.jit
+def _int6_words_f32(codes_ptr, rows, row_ok, one, ROWS: tl.constexpr, G: tl.constexpr):
+    """INT6 codes [ROWS, G] stored as word triples (`_store_int6_words`) as exact FP32 values, 0
+    in masked rows. Fields ending above bit 23 are read after a shift by 12; the two that straddle
+    words are put together first."""
+    NW: tl.constexpr = G // 16
+    wp = codes_ptr.to(tl.pointer_type(tl.int32))
+    base = rows[:, None] * (G * 6 // 32) + tl.arange(0, NW)[None, :] * 3
+    w0 = tl.load(wp + base, mask=row_ok[:, None], other=0)
+    w1 = tl.load(wp + base + 1, mask=row_ok[:, None], other=0)
+    w2 = tl.load(wp + base + 2, mask=row_ok[:, None], other=0)
+    s0, s1, s2 = w0 >> 12, w1 >> 12, w2 >> 12
+    c5 = (w1 << 2) | ((w0 >> 30) & 3)    # straddles words 0 and 1
+    c10 = (w2 << 4) | ((w1 >> 28) & 15)  # straddles words 1 and 2
+    l000 = tl.join(_field_f32(w0, one, 6, 0), _field_f32(w1, one, 6, 16))   # codes 0, 8
+    l001 = tl.join(_field_f32(s0, one, 6, 12), _field_f32(w2, one, 6, 8))   # 4, 12
+    l010 = tl.join(_field_f32(w0, one, 6, 12), _field_f32(c10, one, 6, 0))  # 2, 10
+    l011 = tl.join(_field_f32(w1, one, 6, 4), _field_f32(s2, one, 6, 8))    # 6, 14
+    l100 = tl.join(_field_f32(w0, one, 6, 6), _field_f32(s1, one, 6, 10))   # 1, 9
+    l101 = tl.join(_field_f32(c5, one, 6, 0), _field_f32(w2, one, 6, 14))   # 5, 13
+    l110 = tl.join(_field_f32(s0, one, 6, 6), _field_f32(w2, one, 6, 2))    # 3, 11
+    l111 = tl.join(_field_f32(w1, one, 6, 10), _field_f32(s2, one, 6, 14))  # 7, 15
+    m00 = tl.reshape(tl.join(l000, l001), [ROWS, NW, 4])
+    m01 = tl.reshape(tl.join(l010, l011), [ROWS, NW, 4])
+    m10 = tl.reshape(tl.join(l100, l101), [ROWS, NW, 4])
+    m11 = tl.reshape(tl.join(l110, l111), [ROWS, NW, 4])
+    n0 = tl.reshape(tl.join(m00, m01), [ROWS, NW, 8])
+    n1 = tl.reshape(tl.join(m10, m11), [ROWS, NW, 8])
+    return tl.reshape(tl.join(n0, n1), [ROWS, G])
+
+
+@triton.jit
+def load_values(codes_ptr, rows, offs, row_ok, one, ROWS: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+                PACK_K: tl.constexpr, CODEC: tl.constexpr, FP8_HW: tl.constexpr, CDNA: tl.constexpr,
+                NV: tl.constexpr = False):
+    """A tile's codes [ROWS, G] from the wire as FP32 values (`decode_target_codes` of
+    `load_codes`), 0 in masked rows. INT6 and INT4 words go to FP32 straight from the loaded
+    words (`_field_f32`: two instructions per code), the same values. `one`: `runtime_one`."""
+    if PACK_K == INT4_WORD_CODES:
+        return _int4_words_f32(codes_ptr, rows, row_ok, one, ROWS, G)
+    elif PACK_K == INT6_WORD_CODES:
+        return _int6_words_f32(codes_ptr, rows, row_ok, one, ROWS, G)
+    else:
+        codes = load_codes(codes_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
+        return decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32, NV)
+
+
+@triton.jit
 def store_codes(codes_ptr, code, rows, offs, row_ok, live, ROWS: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
                 PACK_K: tl.constexpr):
     """Store a tile's u8 codes [ROWS, G] (integer codes: the int8 of the value) on the wire.

@@ -22,10 +22,10 @@ from ..layout import WireLayout
 from ._common import (
     STOCHASTIC,
     codec_constexprs,
-    decode_target_codes,
     encoder_constexprs,
     hadamard_rows,
-    load_codes,
+    load_values,
+    runtime_one,
     load_tables,
     row_absmax,
 )
@@ -79,17 +79,18 @@ def _reduce_kernel(
         if not DENSE:  # noqa: SIM102 - a constexpr test, kept apart from the runtime one
             if pid == 0:
                 write_tag(out_codes_ptr, tag_pos, tag_end, tag_out)
+    one = runtime_one(n_groups)
     tl.assume(n_ranks >= 1)  # the launcher checks: no path for an empty rank loop (its own zeroed acc)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
         acc = tl.zeros([ROWS, G], dtype=tl.float32)
         c_ptr, a_ptr, b_ptr = in_codes_ptr, in_a_ptr, in_b_ptr  # advanced per rank: 64-bit pointer math
         for _p in range(n_ranks):
-            codes = load_codes(c_ptr, rows, offs, row_ok, ROWS, G, BITS, PACK_K)
+            vals = load_values(c_ptr, rows, offs, row_ok, one, ROWS, G, BITS, PACK_K, CODEC, FP8_HW, CDNA, DOT_PREC == "tf32x3")
             sigma = load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL, SBT, GPS)
             if TAGGED:  # a NaN factor per row makes the whole sum NaN: one select per row, not per element
                 sigma = tl.where(bad, float("nan"), sigma)
-            acc += decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32, DOT_PREC == "tf32x3") * sigma[:, None]
+            acc += vals * sigma[:, None]
             c_ptr += stride_codes
             a_ptr += stride_a
             b_ptr += stride_b
