@@ -12,7 +12,8 @@ with the ptxas/cuobjdump shipped in the triton wheel) or AMDGCN (AMD). From the 
                                     instruction count of the persistent tile loop's body (an
                                     upper bound of its dynamic count: code on a skipped branch
                                     counts too) x warps per program / elements per tile. The
-                                    reduce's inner loop over ranks counts RANKS times.
+                                    reduce's inner loop over ranks counts RANKS - 1 times (the
+                                    first rank's term is computed before it, in the tile loop).
     mma_per_elem, tc_flops_per_elem tensor-core instructions and their flops per element
     occupancy, limiter              resident warps / the SM's maximum, and what limits them
     pct_copy_bw_bound               the model's ceiling on % of copy bandwidth (below)
@@ -120,8 +121,10 @@ NUMEL = 64 << 20
 #: Triton's launch specialization knows nothing of its alignment, as for most direct calls.
 ODD_NUMEL = NUMEL - 1
 #: Ranks summed by the modelled reduce (the smallest TP degree, where its per-element
-#: instruction cost weighs most against the bytes it moves).
+#: instruction cost weighs most against the bytes it moves). Its loop over ranks runs RANKS - 1
+#: times: the first rank's term starts the sum before the loop (`reduce._rank_term`).
 RANKS = 2
+RANK_LOOP_RUNS = RANKS - 1
 
 
 @dataclass(frozen=True)
@@ -548,7 +551,8 @@ def _cfg_loops(instrs, succ) -> dict:
 
 
 def _per_tile_instructions(instrs, loops, ranks: int) -> tuple[int, list]:
-    """Dynamic estimate per tile: the outermost loop's body, inner loops counted `ranks` times.
+    """Dynamic estimate per tile: the outermost loop's body, inner loops counted `ranks` times
+    (`RANK_LOOP_RUNS`: the reduce's loop over ranks).
 
     A loop is its header (the branch target): several back-edges to one header (AMDGCN's loop
     latch is reached from each end of the body's branches) are one loop, spanning to the last
@@ -615,7 +619,7 @@ def analyze_cuda(kernel, gpu: GPU) -> dict:
         return int(g.group(1), 16) if g else None
 
     loops = _loop_bodies(instrs, is_branch, target_of)
-    per_tile, weighted = _per_tile_instructions(instrs, loops, RANKS)
+    per_tile, weighted = _per_tile_instructions(instrs, loops, RANK_LOOP_RUNS)
     mma = [(_mma_flops(instrs[i][1], "cuda"), w) for i, w in weighted]
     return {"regs": regs, "spill_bytes": stack + local, "smem_bytes": shared + kernel.metadata.shared * 0,
             "smem_dynamic": kernel.metadata.shared, "instr_per_tile": per_tile, "static_instr": len(instrs),
@@ -769,7 +773,7 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
         return labels.get(lab)
 
     loops = _loop_bodies(instrs, is_branch, target_of)
-    per_tile, weighted = _per_tile_instructions(instrs, loops, RANKS)
+    per_tile, weighted = _per_tile_instructions(instrs, loops, RANK_LOOP_RUNS)
     mma = [(_mma_flops(instrs[i][1], "hip"), w) for i, w in weighted]
     classes = dict.fromkeys(AMD_CLASSES, 0)
     for i, w in weighted:
@@ -1200,7 +1204,8 @@ def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, 
     loop (its largest inner loop) inside; in a slotted kernel either a loop over slots with the
     tile loop inside (when an inner loop holds most of it) or the tile loop itself. Its loops run:
     slots, `programs * slots` times (every program walks every slot); tiles, `tiles` times in all;
-    ranks, `tiles * ranks` times. Any other loop runs, in the reduce (checking the ranks' tags in
+    ranks, `tiles * (ranks - 1)` times (the first rank's term is computed before the loop, in the
+    tile loop's body: `reduce._rank_term`). Any other loop runs, in the reduce (checking the ranks' tags in
     every program; the output's padding, an upper bound), `ranks` times per run of what encloses
     it; in a slotted kernel (a slot's tag and padding, one program per slot) `slots` times in all.
     Code outside loops runs once per program; code no path from the entry reaches (slow-path subroutines: their
@@ -1222,7 +1227,7 @@ def launch_weights(a: dict, kernel: str, programs: int, tiles: int, slots: int, 
     if nest["slot"] is not None:
         runs[nest["slot"]] = programs * slots
     if nest["rank"] is not None:
-        runs[nest["rank"]] = tiles * ranks
+        runs[nest["rank"]] = tiles * (ranks - 1)
 
     def times(h):
         if h not in runs:

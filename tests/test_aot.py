@@ -160,7 +160,8 @@ def test_launch_model_counts_per_program_per_slot_and_per_tile_work():
     w = dict(aot.launch_weights(a, "compress_slots", programs=10, tiles=50, slots=3, ranks=4))
     assert [w[i] for i in range(12)] == [10, 30, 50, 50, 50, 50, 50, 30, 30, 10, 30, 0]
     w = dict(aot.launch_weights(a, "reduce_tagged", programs=10, tiles=50, slots=3, ranks=4))
-    assert [w[i] for i in range(12)] == [10, 50, 200, 200, 200, 200, 200, 50, 50, 10, 50, 0]
+    # the reduce's loop over ranks: ranks - 1 runs per tile (the first rank's term is before it)
+    assert [w[i] for i in range(12)] == [10, 50, 150, 150, 150, 150, 150, 50, 50, 10, 50, 0]
 
 
 def test_program_zero_work_of_the_reduce_counts_once():
@@ -179,18 +180,18 @@ def test_program_zero_work_of_the_reduce_counts_once():
         (0x50, "STG.E.64 desc[UR4][R2.64], RZ"),  # write_tag: the padding loop
         (0x60, "@P2 BRA 0x50"),
         (0x70, "MOV R6, RZ"),                     # write_tag, after its loop
-        (0x80, "FADD R7, R7, R7"),                # tile loop header
-        (0x90, "FMUL R8, R8, R8"),                # rank loop
+        (0x80, "FADD R7, R7, R7"),                # tile loop header (the first rank's term)
+        (0x90, "FMUL R8, R8, R8"),                # rank loop: the other ranks'
         (0xa0, "@P3 BRA 0x90"),
         (0xb0, "@P4 BRA 0x80"),                   # tile loop latch
         (0xc0, "EXIT"),
     ]
     a = {"instrs": sass, "cfg": aot._cfg_loops(sass, aot._sass_successors(sass)), "program0": [4, 5, 6, 7, 8]}
     before = dict(aot.launch_weights(a, "reduce_tagged", programs=10, tiles=50, slots=4, ranks=4))
-    assert [before[i] for i in range(13)] == [10, 40, 40, 10, 10, 40, 40, 10, 50, 200, 200, 50, 10]
+    assert [before[i] for i in range(13)] == [10, 40, 40, 10, 10, 40, 40, 10, 50, 150, 150, 50, 10]
     w = dict(aot.launch_weights(a, "reduce_tagged", programs=10, tiles=50, slots=4, ranks=4, pad_chunks=0))
     # instruction 8, the tile loop's header, is never program 0's alone whatever its line says
-    assert [w[i] for i in range(13)] == [10, 40, 40, 10, 1, 0, 0, 1, 50, 200, 200, 50, 10]
+    assert [w[i] for i in range(13)] == [10, 40, 40, 10, 1, 0, 0, 1, 50, 150, 150, 50, 10]
     w = dict(aot.launch_weights(a, "reduce_tagged", programs=10, tiles=50, slots=4, ranks=4, pad_chunks=3))
     assert [w[5], w[6]] == [3, 3]
 
@@ -251,8 +252,8 @@ def test_odd_sizes_are_held_to_their_aligned_twins():
 #: returns), a warp-divergence fallback (BRA.DIV, 14..15) and a slow-path subroutine (16..17).
 _SM80_REDUCE = [
     (0x00, "MOV R0, RZ"),
-    (0x10, "IMAD R1, R1, R1, RZ"),            # tile loop header
-    (0x20, "LDG.E.128 R4, [R2.64]"),          # rank loop header: one rank's codes, 16 B a thread
+    (0x10, "LDG.E.128 R4, [R2.64]"),          # tile loop header: the first rank's codes, 16 B a thread
+    (0x20, "LDG.E.128 R4, [R2.64]"),          # rank loop header: another rank's codes
     (0x30, "FADD R5, R5, R4"),
     (0x40, "@!P4 CALL.REL.NOINC 0x60"),       # the rank loop's exit
     (0x50, "BRA 0x20"),                       # rank loop latch
@@ -278,7 +279,8 @@ def _old_calls(instrs):
 
 def _reduce_row(aot, sass, programs=2, tiles=8, ranks=2):
     """A tagged reduce's row from its SASS: 8 tiles of one warp, each reading `ranks` ranks' 16-byte
-    vectors and writing one (the bytes the launch must move: (ranks + 1) x 16 B x 32 lanes a tile)."""
+    vectors (the first before the loop over ranks) and writing one (the bytes the launch must move:
+    (ranks + 1) x 16 B x 32 lanes a tile)."""
     a = {"instrs": sass, "cfg": aot._cfg_loops(sass, aot._sass_successors(sass))}
     w = aot.launch_weights(a, "reduce_tagged", programs=programs, tiles=tiles, slots=ranks, ranks=ranks)
     moved = aot.loop_bytes(a, w, "reduce_tagged", num_warps=1, lanes=32)

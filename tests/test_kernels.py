@@ -281,6 +281,30 @@ def test_reduce_reads_every_sub_byte_code_at_every_position_of_its_words(cfg):
         assert torch.equal(got.cpu(), ref.reduce_reference(bufs.cpu(), n, cfg, scale)), scale
 
 
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_reduce_sums_from_the_first_ranks_values_so_negative_zero_stays(p):
+    """The sum starts from rank 0's values, as the reference's does (not from a zeroed tile): a
+    group whose codes are -0 (E4M3 0x80) in every rank sums to -0, bit for bit, dense and as the
+    compressed sum, where 0 + (-0) would give +0."""
+    from taco_triton.kernels.reduce import reduce_triton
+
+    cfg = taco.CompressionConfig(hadamard=False)
+    n, g = 8 * cfg.group_size, cfg.group_size
+    lay = WireLayout.of(n, cfg)
+    stride = -(-lay.nbytes // 16) * 16
+    bufs = torch.zeros(p, stride, dtype=torch.uint8, device=DEVICE)
+    for r in range(p):
+        x = make_input("dense", (n,), torch.float32, seed=r).to(DEVICE)
+        bufs[r, : lay.nbytes] = taco.compress(x, cfg, backend="triton").data
+        lay.split(bufs[r, : lay.nbytes])[0].view(-1, g)[3] = 0x80
+    want = ref.reduce_reference(bufs.cpu(), n, cfg, 1.0, dense_dtype=torch.float32)
+    assert bool((want.view(-1, g)[3].view(torch.int32) == -(2**31)).all())  # -0.0's bits
+    got = torch.empty(n, dtype=torch.float32, device=DEVICE)
+    reduce_triton(bufs, n, cfg, 1.0, dense_out=got)
+    assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
+    assert torch.equal(reduce_triton(bufs, n, cfg, 1.0).cpu(), ref.reduce_reference(bufs.cpu(), n, cfg, 1.0))
+
+
 @pytest.mark.parametrize("cfg", [taco.CompressionConfig(rounding="stochastic", seed=9),
                                  taco.CompressionConfig(codec="int8", hadamard=False, rounding="stochastic", seed=4),
                                  taco.CompressionConfig(codec="int6", group_size=32, hadamard=False),
