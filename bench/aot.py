@@ -1505,15 +1505,18 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
     # the collectives' launches (`--set hotpath`, floors `HOT_FLOORS`)
     # INT6 and INT4 (`--set hotpath-subbyte`): the sub-byte entries first, as they name every target
     ({"kernel": "reduce_tagged", "codec": "int4"},
-     "every rank's packed codes decoded in the loop over ranks: a nibble shifted out and sign-extended, converted, "
-     "multiplied by its row's factor and added (sm_90: 379 instructions per rank and tile, 5.9 per element) "
-     "against 0.53 wire bytes per element and rank, for which 95% of H200's copy bandwidth allows 0.14 "
-     "warp-instructions per element (277 per rank and tile): the multiply and the add alone take 128, FP32 as "
-     "the reference rounds (a fused multiply-add rounds once, other bytes). What it would take: a decode in "
-     "pairs (two codes per 32-bit half-precision operation) halves the conversion's share, not the rest"),
+     "every rank's packed codes decoded in the loop over ranks, 4 instructions per code: a LOP3 and an FADD read it "
+     "into FP32 (`_field_f32`), then the multiply by its row's factor and the add (sm_90: 256 of 338 warp-instructions "
+     "per rank and tile; the group factors' decode, the loads and pointers 82) against 0.53 wire bytes per element and "
+     "rank, for which 95% of H200's copy bandwidth allows about 229 per rank and tile at P = 16 (the sum's "
+     "requantization takes the rest). What it would take: about 2.3 instructions per code with the 82 around them. The "
+     "multiply and the add round apart, as the reference's sum does; one rounding per rank (a fused multiply-add: a "
+     "change to the format's sum, whose CPU reference would need an exact FMA) gives 3 per code, 274 per rank and "
+     "tile, still above (sm_100's paired FP32 instructions, FMUL2 and FADD2, already make it 2.5 there)"),
     ({"kernel": "reduce_tagged", "codec": "int6"},
-     "as INT4: every rank's codes decoded (shift, sign-extend, convert, multiply, add) against 0.78 wire bytes "
-     "per element and rank"),
+     "as INT4: 4 instructions per code (read into FP32, multiply, add) and the 12 word loads of a thread's rows, each "
+     "row its own 64-bit address (sm_90: 357 warp-instructions per rank and tile) against 0.78 wire bytes per element "
+     "and rank (P = 16 allows about 348 at 95%: 93.1%)"),
     ({"kernel": "reduce_tagged_dense", "codec": "int4"},
      "as the INT4 tagged reduce, plus the inverse transform of the FP32 sums"),
     ({"kernel": "reduce_tagged_dense", "codec": "int6", "target": "sm_90"},
@@ -1531,6 +1534,11 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
     ({"kernel": "reduce_tagged_dense", "target": "sm_100", "codec": "int4", "odd": True},
      "spills 8 B: the odd 64 MiB call's whole-tile slices (2,400,256 elements, a specialization of their own) "
      "get 168 registers from ptxas where the same kernel takes 176-198 in every other call, and none spills. "
+     "What it would take: a register budget per launch (Triton's maxnreg), which the launches do not pass"),
+    ({"kernel": "reduce_tagged_dense", "target": "sm_89", "codec": "int6", "odd": True},
+     "spills 8 B at P = 4 and 8 of the odd 64 MiB call, whose whole-tile slices are a specialization of their own: "
+     "ptxas holds this kernel at 168 registers on sm_89 in every call, and the first rank's term before the loop "
+     "over ranks (`reduce._rank_term`, 0.90x the instructions) is one more copy of the decode in the tile loop. "
      "What it would take: a register budget per launch (Triton's maxnreg), which the launches do not pass"),
     # FP8 and INT8
     ({"kernel": "reduce_tagged", "target": "sm_100"},
@@ -1659,6 +1667,37 @@ def exceptions_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: The columns of `summary_table`: the collectives' launches, in the order a call runs them.
+SUMMARY_KERNELS = (("compress", "compress_slots"), ("reduce, compressed out", "reduce_tagged"),
+                   ("reduce, dense out", "reduce_tagged_dense"), ("decompress", "decompress_slots"))
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The docs' table of the collectives' launches in `rows`: per target and codec, each launch's %
+    of copy bandwidth over every collective, P and message size, at aligned / odd sizes, as the
+    range lowest (rounded down) - highest (rounded up), one figure where they meet."""
+    import math
+
+    def span(xs):
+        if not xs:
+            return "-"
+        lo, hi = math.floor(min(xs)), math.ceil(max(xs))
+        return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+    hot = [r for r in rows if r["ok"] and _field(r, "collective")]
+    lines = ["| target | codec | " + " | ".join(name for name, _ in SUMMARY_KERNELS) + " |",
+             "|---|---|" + "---|" * len(SUMMARY_KERNELS)]
+    for t in dict.fromkeys(r["target"] for r in hot):
+        for c in dict.fromkeys(r["codec"] for r in hot if r["target"] == t):
+            cells = []
+            for _, k in SUMMARY_KERNELS:
+                mine = [r for r in hot if (r["target"], r["codec"], r["kernel"]) == (t, c, k)]
+                pct = {odd: [r["pct_copy_bw_bound"] for r in mine if _field(r, "odd") == str(odd)] for odd in (False, True)}
+                cells.append(f"{span(pct[False])} / {span(pct[True])}")
+            lines.append(f"| {t} | {c.upper().replace('FP8_', 'FP8 ')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run(which: str, targets: list[str], jobs: int, only: str | None = None, numel: int | None = None) -> list[dict]:
     """The rows of a set: the plain launches (none in "hotpath" and "hotpath-subbyte"), then the collectives' launches
     (`hot_variants`; in "ci" on `HOT_CI["targets"]` only)."""
@@ -1701,6 +1740,11 @@ def main(argv=None) -> int:
                     help="exit 1 if a launch did not compile, spilled, or is below its FLOORS entry without an "
                          "EXCEPTIONS entry or slower than in this committed table")
     ap.add_argument("--floors", action="store_true", help="print the table of EXCEPTIONS with their figures (Markdown)")
+    ap.add_argument("--summary", action="store_true",
+                    help="print the collectives' launches' %% of copy bandwidth per target and codec (Markdown)")
+    ap.add_argument("--from-csv", type=Path, metavar="CSV",
+                    help="read the rows from this table (bench/aot.py --csv) instead of compiling: for --floors, "
+                         "--summary and --check")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes in parallel")
     args = ap.parse_args(argv)
     targets = args.targets.split(",") if args.targets else list(TARGETS if args.which == "full" else QUICK_TARGETS)
@@ -1711,13 +1755,15 @@ def main(argv=None) -> int:
 
     from autotune import meta
 
-    # the commit being compiled, read before the (long) run: edits made meanwhile are not in it
-    commit, started = meta.git_commit(), meta.utc_now()
-    rows = run(args.which, targets, args.jobs, args.only, args.numel)
-    df = pd.DataFrame(rows)
-    df["triton"] = meta.triton_version()
-    df["commit"] = commit
-    df["date"] = started
+    if args.from_csv:
+        df = pd.read_csv(args.from_csv)
+    else:
+        # the commit being compiled, read before the (long) run: edits made meanwhile are not in it
+        commit, started = meta.git_commit(), meta.utc_now()
+        df = pd.DataFrame(run(args.which, targets, args.jobs, args.only, args.numel))
+        df["triton"] = meta.triton_version()
+        df["commit"] = commit
+        df["date"] = started
     if args.json:
         args.json.write_text(json.dumps(json.loads(df.to_json(orient="records")), indent=1))
     if args.csv:
@@ -1725,14 +1771,17 @@ def main(argv=None) -> int:
     cols = ["kernel", "target", "collective", "world", "message_mib", "odd", "codec", "group_size", "hadamard", "scales",
             "rounding", "dtype", "num_warps", "numel", "ok", "regs", "spill_bytes", "instr_per_elem", "pct_copy_bw_bound",
             "bound_by", "pct_copy_bw_bound_worst"]
-    with pd.option_context("display.width", 200, "display.max_rows", 400):
-        print(df[[c for c in cols if c in df]].to_string(index=False))
+    if not args.from_csv:
+        with pd.option_context("display.width", 200, "display.max_rows", 400):
+            print(df[[c for c in cols if c in df]].to_string(index=False))
     failed = df[~df["ok"]]
     if len(failed):
         print(f"\n{len(failed)} variants did not compile:")
         for _, r in failed.iterrows():
             print(f"  {r['kernel']} {r['target']} {r['codec']} G{r['group_size']}: {r['error']}")
     records = json.loads(df.to_json(orient="records"))
+    if args.summary:
+        print("\n" + summary_table(records))
     if args.floors:
         print("\n" + exceptions_table(records))
     if args.check:

@@ -229,6 +229,22 @@ def test_launch_model_weighs_the_vector_and_element_wise_paths_of_a_tile():
     assert [w[i] for i in range(12)] == [10] + [50] * 10 + [10]
 
 
+def test_summary_table_spans_each_launch_over_calls_at_aligned_and_odd_sizes():
+    """The docs' table of the collectives' launches (`--summary`): per target and codec, each
+    launch's % of copy bandwidth over its calls, aligned / odd, as lowest (down) - highest (up);
+    one figure where they meet, "-" where the rows have none; plain launches left out."""
+    aot = _aot_module()
+    row = {"ok": True, "target": "sm_90", "codec": "int4", "collective": "all_reduce"}
+    rows = [{**row, "kernel": "reduce_tagged", "odd": False, "pct_copy_bw_bound": 56.1},
+            {**row, "kernel": "reduce_tagged", "odd": False, "pct_copy_bw_bound": 69.3},
+            {**row, "kernel": "reduce_tagged", "odd": True, "pct_copy_bw_bound": 65.0},
+            {**row, "kernel": "compress_slots", "odd": False, "pct_copy_bw_bound": 100.0},
+            {**row, "kernel": "compress", "collective": None, "odd": None, "pct_copy_bw_bound": 10.0}]
+    lines = aot.summary_table(rows).splitlines()
+    assert lines[0] == "| target | codec | compress | reduce, compressed out | reduce, dense out | decompress |"
+    assert lines[2:] == ["| sm_90 | INT4 | 100 / - | 56-70 / 65 | - / - | - / - |"]
+
+
 def test_odd_sizes_are_held_to_their_aligned_twins():
     """An odd-sized collective launch below 95% of the same launch at the aligned size is a
     problem unless an EXCEPTIONS entry names it (and then only if slower than the committed
