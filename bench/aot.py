@@ -360,22 +360,6 @@ _MMA_SHAPE = re.compile(r"(\d+)x(\d+)x(\d+)")
 _HMMA_SHAPE = {"16816": (16, 8, 16), "1688": (16, 8, 8), "884": (8, 8, 4), "16832": (16, 8, 32)}
 
 
-def _loop_bodies(instrs: list[tuple[int, str]], is_branch, target_of) -> list[tuple[int, int]]:
-    """(start, end) index ranges of loops: a branch back to an earlier instruction closes one (a
-    target on a NOP, which `instrs` leaves out, is the next instruction kept)."""
-    import bisect
-
-    addrs = [addr for addr, _ in instrs]
-    loops = []
-    for i, (addr, text) in enumerate(instrs):
-        if is_branch(text):
-            tgt = target_of(text)
-            j = bisect.bisect_left(addrs, tgt) if tgt is not None else len(instrs)
-            if j < len(instrs) and tgt <= addrs[j] and j <= i and (tgt == addrs[j] or j > 0):
-                loops.append((j, i))
-    return loops
-
-
 def _sass_op(text: str) -> str:
     """The opcode of one SASS instruction (after its predicate, if any)."""
     parts = text.split()
@@ -550,25 +534,24 @@ def _cfg_loops(instrs, succ) -> dict:
             "idom": idom, "succ": succ}
 
 
-def _per_tile_instructions(instrs, loops, ranks: int) -> tuple[int, list]:
-    """Dynamic estimate per tile: the outermost loop's body, inner loops counted `ranks` times
-    (`RANK_LOOP_RUNS`: the reduce's loop over ranks).
-
-    A loop is its header (the branch target): several back-edges to one header (AMDGCN's loop
-    latch is reached from each end of the body's branches) are one loop, spanning to the last
-    of them, not loops nested in each other."""
-    if not loops:
-        return len(instrs), [(i, 1) for i in range(len(instrs))]
-    spans: dict[int, int] = {}
-    for a, b in loops:
-        spans[a] = max(spans.get(a, b), b)
-    outer = max(spans.items(), key=lambda ab: ab[1] - ab[0])
-    weights = [1] * (outer[1] - outer[0] + 1)
-    for a, b in spans.items():
-        if a != outer[0] and outer[0] <= a and b <= outer[1]:
-            for i in range(a, b + 1):
-                weights[i - outer[0]] = ranks
-    return sum(weights), [(outer[0] + i, w) for i, w in enumerate(weights)]
+def _per_tile_instructions(cfg: dict, ranks: int) -> tuple[int, list]:
+    """Dynamic estimate per tile of a plain launch, from the natural loops of its control-flow
+    graph (`_cfg_loops`, the reading the collectives' model takes): the body of the largest
+    outermost loop (the tile loop), the loops inside it counted `ranks` times (`RANK_LOOP_RUNS`:
+    the reduce's loop over ranks); without a loop, every reached instruction once. (The former
+    reading took a loop to be a branch back to an earlier address and did not know sm_100's
+    uniform branch `BRA.U UP1, target`: it missed the reduce's loop over ranks there and counted
+    one rank of two.)"""
+    bodies = {h: frozenset(b) for h, b in cfg["loops"]}
+    if not bodies:
+        return len(cfg["reached"]), [(i, 1) for i in cfg["reached"]]
+    outer = [h for h in bodies if not any(g != h and bodies[h] < bodies[g] for g in bodies)]
+    top = max(outer, key=lambda h: len(bodies[h]))
+    weights = dict.fromkeys(bodies[top], 1)
+    for h, body in bodies.items():
+        if h != top and body < bodies[top]:
+            weights.update(dict.fromkeys(body, ranks))
+    return sum(weights.values()), sorted(weights.items())
 
 
 def _mma_flops(text: str, backend: str) -> tuple[int, str] | None:
@@ -611,20 +594,13 @@ def analyze_cuda(kernel, gpu: GPU) -> dict:
     while instrs and re.match(r"BRA 0x[0-9a-f]+$", instrs[-1][1]) and int(instrs[-1][1].split()[-1], 16) == instrs[-1][0]:
         instrs.pop()  # the trailing self-branch after EXIT
 
-    def is_branch(t):
-        return re.search(r"(^|\s)BRA\s", t) is not None
-
-    def target_of(t):
-        g = re.search(r"BRA\s+(?:`\()?\.?[A-Z_]*\)?\s*0x([0-9a-f]+)", t) or re.search(r"BRA\s+0x([0-9a-f]+)", t)
-        return int(g.group(1), 16) if g else None
-
-    loops = _loop_bodies(instrs, is_branch, target_of)
-    per_tile, weighted = _per_tile_instructions(instrs, loops, RANK_LOOP_RUNS)
+    cfg = _cfg_loops(instrs, _sass_successors(instrs))
+    per_tile, weighted = _per_tile_instructions(cfg, RANK_LOOP_RUNS)
     mma = [(_mma_flops(instrs[i][1], "cuda"), w) for i, w in weighted]
     return {"regs": regs, "spill_bytes": stack + local, "smem_bytes": shared + kernel.metadata.shared * 0,
             "smem_dynamic": kernel.metadata.shared, "instr_per_tile": per_tile, "static_instr": len(instrs),
-            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
-            **_slow_calls(instrs, weighted), "instrs": instrs, "cfg": _cfg_loops(instrs, _sass_successors(instrs)),
+            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(cfg["loops"]),
+            **_slow_calls(instrs, weighted), "instrs": instrs, "cfg": cfg,
             **_line_sets(instrs, _sass_lines(listing, instrs))}
 
 
@@ -765,15 +741,8 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
                 lines[len(instrs)] = here
             instrs.append((len(instrs), t))
 
-    def is_branch(t):
-        return t.startswith(("s_branch", "s_cbranch"))
-
-    def target_of(t):
-        lab = t.split()[-1]
-        return labels.get(lab)
-
-    loops = _loop_bodies(instrs, is_branch, target_of)
-    per_tile, weighted = _per_tile_instructions(instrs, loops, RANK_LOOP_RUNS)
+    cfg = _cfg_loops(instrs, _gcn_successors(instrs, labels))
+    per_tile, weighted = _per_tile_instructions(cfg, RANK_LOOP_RUNS)
     mma = [(_mma_flops(instrs[i][1], "hip"), w) for i, w in weighted]
     classes = dict.fromkeys(AMD_CLASSES, 0)
     for i, w in weighted:
@@ -781,9 +750,9 @@ def analyze_hip(kernel, gpu: GPU) -> dict:
     # AMD's division and square root are inline sequences (no subroutine): already counted
     return {"regs": vgpr + agpr, "spill_bytes": scratch, "smem_bytes": lds, "smem_dynamic": kernel.metadata.shared,
             "instr_per_tile": per_tile, "static_instr": len(instrs),
-            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(loops),
+            "mma": [(f, w) for f, w in mma if f is not None], "loops": len(cfg["loops"]),
             "slow_calls_per_tile": 0, "slow_instr_per_tile": 0, "classes": classes, "instrs": instrs,
-            "cfg": _cfg_loops(instrs, _gcn_successors(instrs, labels)), **_line_sets(instrs, lines)}
+            "cfg": cfg, **_line_sets(instrs, lines)}
 
 
 #: The instruction classes of AMD's CU scheduler, each issued to its own unit (AMD, ROCm Compute
