@@ -267,14 +267,34 @@ def _store_int4_words(codes_ptr, code, rows, row_ok, live, ROWS: tl.constexpr, G
 
 
 @triton.jit
+def _int6_word_triples(codes_ptr, rows, row_ok, G: tl.constexpr):
+    """The three int32 words [ROWS, G // 16] of each 16 INT6 codes (`_store_int6_words`), 0 in
+    masked rows."""
+    wp = codes_ptr.to(tl.pointer_type(tl.int32))
+    base = rows[:, None] * (G * 6 // 32) + tl.arange(0, G // 16)[None, :] * 3
+    return (tl.load(wp + base, mask=row_ok[:, None], other=0), tl.load(wp + base + 1, mask=row_ok[:, None], other=0),
+            tl.load(wp + base + 2, mask=row_ok[:, None], other=0))
+
+
+@triton.jit
+def _int6_in_order(l000, l001, l010, l011, l100, l101, l110, l111, ROWS: tl.constexpr, G: tl.constexpr):
+    """[ROWS, G] from the 16 codes of each word triple given in pairs, l_dcb holding codes
+    d + 2c + 4b and that + 8 (the inverse of `_store_int6_words`' halvings): joins only, so the
+    codes stay in the thread that holds them."""
+    NW: tl.constexpr = G // 16
+    m00 = tl.reshape(tl.join(l000, l001), [ROWS, NW, 4])
+    m01 = tl.reshape(tl.join(l010, l011), [ROWS, NW, 4])
+    m10 = tl.reshape(tl.join(l100, l101), [ROWS, NW, 4])
+    m11 = tl.reshape(tl.join(l110, l111), [ROWS, NW, 4])
+    n0 = tl.reshape(tl.join(m00, m01), [ROWS, NW, 8])
+    n1 = tl.reshape(tl.join(m10, m11), [ROWS, NW, 8])
+    return tl.reshape(tl.join(n0, n1), [ROWS, G])
+
+
+@triton.jit
 def _load_int6_words(codes_ptr, rows, row_ok, ROWS: tl.constexpr, G: tl.constexpr):
     """The inverse of `_store_int6_words`: u8 codes [ROWS, G], 0 in masked rows."""
-    NW: tl.constexpr = G // 16
-    wp = codes_ptr.to(tl.pointer_type(tl.int32))
-    base = rows[:, None] * (G * 6 // 32) + tl.arange(0, NW)[None, :] * 3
-    w0 = tl.load(wp + base, mask=row_ok[:, None], other=0)
-    w1 = tl.load(wp + base + 1, mask=row_ok[:, None], other=0)
-    w2 = tl.load(wp + base + 2, mask=row_ok[:, None], other=0)
+    w0, w1, w2 = _int6_word_triples(codes_ptr, rows, row_ok, G)
     c5 = _sext6((w1 << 2) | ((w0 >> 30) & 3), 0)    # straddles words 0 and 1
     c10 = _sext6((w2 << 4) | ((w1 >> 28) & 15), 0)  # straddles words 1 and 2
     l000 = tl.join(_sext6(w0, 0), _sext6(w1, 16))   # codes 0, 8
@@ -285,13 +305,7 @@ def _load_int6_words(codes_ptr, rows, row_ok, ROWS: tl.constexpr, G: tl.constexp
     l101 = tl.join(c5, _sext6(w2, 14))              # 5, 13
     l110 = tl.join(_sext6(w0, 18), _sext6(w2, 2))   # 3, 11
     l111 = tl.join(_sext6(w1, 10), _sext6(w2, 26))  # 7, 15
-    m00 = tl.reshape(tl.join(l000, l001), [ROWS, NW, 4])
-    m01 = tl.reshape(tl.join(l010, l011), [ROWS, NW, 4])
-    m10 = tl.reshape(tl.join(l100, l101), [ROWS, NW, 4])
-    m11 = tl.reshape(tl.join(l110, l111), [ROWS, NW, 4])
-    n0 = tl.reshape(tl.join(m00, m01), [ROWS, NW, 8])
-    n1 = tl.reshape(tl.join(m10, m11), [ROWS, NW, 8])
-    c = tl.reshape(tl.join(n0, n1), [ROWS, G])
+    c = _int6_in_order(l000, l001, l010, l011, l100, l101, l110, l111, ROWS, G)
     return c.to(tl.int8).to(tl.uint8, bitcast=True)
 
 
@@ -344,12 +358,7 @@ def _int6_words_f32(codes_ptr, rows, row_ok, one, ROWS: tl.constexpr, G: tl.cons
     """INT6 codes [ROWS, G] stored as word triples (`_store_int6_words`) as exact FP32 values, 0
     in masked rows. Fields ending above bit 23 are read after a shift by 12; the two that straddle
     words are put together first."""
-    NW: tl.constexpr = G // 16
-    wp = codes_ptr.to(tl.pointer_type(tl.int32))
-    base = rows[:, None] * (G * 6 // 32) + tl.arange(0, NW)[None, :] * 3
-    w0 = tl.load(wp + base, mask=row_ok[:, None], other=0)
-    w1 = tl.load(wp + base + 1, mask=row_ok[:, None], other=0)
-    w2 = tl.load(wp + base + 2, mask=row_ok[:, None], other=0)
+    w0, w1, w2 = _int6_word_triples(codes_ptr, rows, row_ok, G)
     s0, s1, s2 = w0 >> 12, w1 >> 12, w2 >> 12
     c5 = (w1 << 2) | ((w0 >> 30) & 3)    # straddles words 0 and 1
     c10 = (w2 << 4) | ((w1 >> 28) & 15)  # straddles words 1 and 2
@@ -361,13 +370,7 @@ def _int6_words_f32(codes_ptr, rows, row_ok, one, ROWS: tl.constexpr, G: tl.cons
     l101 = tl.join(_field_f32(c5, one, 6, 0), _field_f32(w2, one, 6, 14))   # 5, 13
     l110 = tl.join(_field_f32(s0, one, 6, 6), _field_f32(w2, one, 6, 2))    # 3, 11
     l111 = tl.join(_field_f32(w1, one, 6, 10), _field_f32(s2, one, 6, 14))  # 7, 15
-    m00 = tl.reshape(tl.join(l000, l001), [ROWS, NW, 4])
-    m01 = tl.reshape(tl.join(l010, l011), [ROWS, NW, 4])
-    m10 = tl.reshape(tl.join(l100, l101), [ROWS, NW, 4])
-    m11 = tl.reshape(tl.join(l110, l111), [ROWS, NW, 4])
-    n0 = tl.reshape(tl.join(m00, m01), [ROWS, NW, 8])
-    n1 = tl.reshape(tl.join(m10, m11), [ROWS, NW, 8])
-    return tl.reshape(tl.join(n0, n1), [ROWS, G])
+    return _int6_in_order(l000, l001, l010, l011, l100, l101, l110, l111, ROWS, G)
 
 
 @triton.jit
