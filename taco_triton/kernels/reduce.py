@@ -24,10 +24,10 @@ from ._common import (
     codec_constexprs,
     encoder_constexprs,
     hadamard_rows,
-    load_values,
-    runtime_one,
     load_tables,
+    load_values,
     row_absmax,
+    runtime_one,
 )
 from . import slots
 from ._launch import FusedOp, Launch, Prepared, Target, launch_meta, row_gather
