@@ -1107,9 +1107,11 @@ def tile_arms(a: dict, body: frozenset, header: int) -> tuple[set, set] | None:
     the two largest pieces of code of the loop that do not run in every iteration, each the code a
     branch's side dominates (the two sides of one branch on NVIDIA; AMD's structurizer makes them
     two one-sided branches in turn), leaving out any that holds an inner loop (the fused reduce's
-    loop over ranks, which AMD guards by a branch). The element-wise path is the one with more
-    global loads and stores (a 16-byte vector access is one instruction where eight 2-byte ones
-    are eight). None when the loop has no two such pieces or they do not differ in accesses."""
+    loop over ranks, which AMD guards by a branch). The element-wise path with masks is the one with
+    more global loads and stores (`slots.VECTOR_PATH`: a 16-byte vector access is one instruction
+    where eight 2-byte ones are eight), or with as many, the one with more instructions
+    (`slots.WHOLE_PATH`: the same element-wise accesses, without the masks' tests). None when the
+    loop has no two such pieces or they differ in neither."""
     cfg, instrs = a["cfg"], a["instrs"]
     idom, succ = cfg.get("idom"), cfg.get("succ")
     if idom is None:
@@ -1128,10 +1130,11 @@ def tile_arms(a: dict, body: frozenset, header: int) -> tuple[set, set] | None:
     pieces = sorted(pieces, key=len, reverse=True)[:2]
     if len(pieces) < 2:
         return None
-    fast, slow = sorted(pieces, key=lambda p: sum(_global_access(instrs[i][1]) for i in p))
-    if sum(map(_global_access, (instrs[i][1] for i in fast))) >= sum(map(_global_access, (instrs[i][1] for i in slow))):
-        return None
-    return fast, slow
+    def cost(p):
+        return sum(_global_access(instrs[i][1]) for i in p), len(p)
+
+    fast, slow = sorted(pieces, key=cost)
+    return None if cost(fast) == cost(slow) else (fast, slow)
 
 
 def loop_nest(a: dict, kernel: str) -> dict | None:

@@ -194,6 +194,25 @@ def triton_backend(rank: int, world: int) -> bool:
     return all(same)
 
 
+def triton_backend_odd_shards(rank: int, world: int) -> bool:
+    """reduce_scatter and all_gather of a shard size that is no multiple of 16 and spans a whole
+    tile and a partial one: rank r's piece starts at r * m, off 16-byte alignment, where the slotted
+    kernels take their whole tiles without masks (`slots.WHOLE_PATH`)."""
+    m = 8192 + 21  # one whole tile (kernels._tables.TILE_ELEMS) and a partial one
+    x = rank_input(rank, (world * m,), torch.bfloat16, 17)
+    same = []
+    for codec, g in (("fp8_e4m3", 128), ("int4", 32)):
+        cfg = taco.CompressionConfig(codec=codec, group_size=g)
+        outs = {}
+        for backend in ("triton", "torch"):
+            shard, gathered = torch.empty(m, dtype=x.dtype), torch.empty(world * m, dtype=x.dtype)
+            taco.reduce_scatter(shard, x, min_bytes=0, backend=backend, config=cfg)
+            taco.all_gather(gathered, shard, min_bytes=0, backend=backend, config=cfg)
+            outs[backend] = (shard, gathered)
+        same += [torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(outs["triton"], outs["torch"])]
+    return all(same)
+
+
 def mismatched_shapes(rank: int, world: int) -> str:
     x = torch.randn(100 + rank)
     try:

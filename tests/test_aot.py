@@ -199,7 +199,7 @@ def test_program_zero_work_of_the_reduce_counts_once():
 def test_launch_model_weighs_the_vector_and_element_wise_paths_of_a_tile():
     """A slotted launch compiled for any alignment runs each tile on one of two paths: the model
     counts the vector path for the launch's fast tiles and the element-wise one (more global
-    accesses) for its slow tiles, the rest of the loop for every tile; a branch to a NOP (which
+    accesses; or as many and more instructions, the masks' tests) for its slow tiles, the rest of the loop for every tile; a branch to a NOP (which
     the disassembly reader leaves out) goes to the next instruction, so the vector path still
     rejoins the loop."""
     aot = _aot_module()
@@ -227,6 +227,17 @@ def test_launch_model_weighs_the_vector_and_element_wise_paths_of_a_tile():
     assert [w[i] for i in range(12)] == [10, 50, 50, 48, 48, 48, 2, 2, 2, 50, 50, 10]
     w = dict(aot.launch_weights(a, "compress_slots", programs=10, tiles=50, slots=3, ranks=4))
     assert [w[i] for i in range(12)] == [10] + [50] * 10 + [10]
+    # the path without masks (`slots.WHOLE_PATH`): as many accesses on both paths, the masked one longer
+    whole = sass[:3] + [(0x30, "LDG.E.U16 R8, desc[UR4][R2.64]"), (0x40, "LDG.E.U16 R9, desc[UR4][R2.64+0x2]"),
+                        (0x50, "BRA 0xc0"), (0x70, "ISETP.GE.AND P2, PT, R7, R10, PT"),
+                        (0x80, "ISETP.GE.AND P3, PT, R7, R11, PT"), (0x90, "@!P2 LDG.E.U16 R8, desc[UR4][R2.64]"),
+                        (0xa0, "@!P3 LDG.E.U16 R9, desc[UR4][R2.64+0x2]"), (0xd0, "FADD R6, R6, R5"),
+                        (0xe0, "@P1 BRA 0x10"), (0xf0, "EXIT")]
+    a = {"instrs": whole, "cfg": aot._cfg_loops(whole, aot._sass_successors(whole))}
+    assert aot.tile_arms(a, frozenset(range(1, 12)), 1) == ({3, 4, 5}, {6, 7, 8, 9})
+    same = whole[:7] + whole[8:]  # as many accesses and instructions on both: no paths told apart
+    a = {"instrs": same, "cfg": aot._cfg_loops(same, aot._sass_successors(same))}
+    assert aot.tile_arms(a, frozenset(range(1, 11)), 1) is None
 
 
 def test_summary_table_spans_each_launch_over_calls_at_aligned_and_odd_sizes():

@@ -49,6 +49,10 @@ def test_triton_kernels_in_the_collective_match_reference():
     assert all(run_ranks(cases.triton_backend, 2))
 
 
+def test_triton_kernels_match_reference_on_odd_shards():
+    assert all(run_ranks(cases.triton_backend_odd_shards, 2))
+
+
 def test_rank_mismatch_is_a_clear_error():
     msgs = run_ranks(cases.mismatched_shapes, 2)
     assert all("ranks disagree" in m and "(100,)" in m and "(101,)" in m for m in msgs), msgs

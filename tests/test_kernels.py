@@ -344,53 +344,72 @@ def test_unaligned_size_runs_as_aligned_launch_and_tail_with_the_same_bytes(cfg)
     assert torch.equal(taco.decompress(taco.Compressed(split, x.shape, x.dtype, cfg), backend="triton"), outs[1])
 
 
-def test_fast_tiles_counts_the_tiles_with_16_element_vectors():
+def test_fast_tiles_counts_the_tiles_each_fast_path_can_take():
     """A slotted launch's vector path is for tiles of a piece that starts at a multiple of 16
     elements and whose masks end at one: all of an aligned piece, the whole tiles of an odd-sized
-    one, none of one that starts elsewhere."""
+    one, none of one that starts elsewhere. Where a piece starts elsewhere, the launch's fast path
+    is the one without masks, for every piece's whole tiles."""
     from taco_triton.kernels import slots
 
-    t = slots.TILE_ELEMS
+    t, whole = slots.TILE_ELEMS, slots.WHOLE_PATH
     assert slots.fast_tiles(0, 2 * t + 5) == 2 and slots.fast_tiles(32, 32 + t - 1) == 0
     assert slots.fast_tiles(16, 16 + t + 16) == 2 and slots.fast_tiles(0, 3 * t) == 3
     assert slots.fast_tiles(5, 5 + 4 * t) == 0 and slots.fast_tiles(48, 48) == 0
+    assert slots.fast_tiles(5, 5 + 4 * t, whole) == 4 and slots.fast_tiles(5, 4 + 4 * t, whole) == 3
+    assert slots.fast_tiles(0, 3 * t, whole) == 3 and slots.fast_tiles(16, 16 + t + 16, whole) == 1
     assert slots.elem_align([(0, 16), (16, 48)]) == 16 and slots.elem_align([(0, 16), (16, 47)]) == 1
-    assert slots.two_paths([(0, 16), (16, 47)]) and not slots.two_paths([(0, 16), (16, 48)])
-    assert not slots.two_paths([(0, 17), (17, 34)])  # a piece starts off alignment: one element-wise path
+    assert slots.two_paths([(0, 16), (16, 47)]) == slots.VECTOR_PATH and not slots.two_paths([(0, 16), (16, 48)])
+    assert slots.two_paths([(0, 17), (17, 34)]) == whole  # a piece starts off alignment
+    rows = slots.descriptors([(0, 17), (17, 17 + t)], [WireLayout.of(n, taco.CompressionConfig()) for n in (17, t)],
+                             [0, 4096], [4096, 8192], [1, 2], [0, 1])
+    assert [r[slots.FAST_TILES] for r in rows] == [0, 1]  # the descriptors count for the launch's fast path
 
 
 SLOT_CFGS = [taco.CompressionConfig(), taco.CompressionConfig(codec="int8", rounding="stochastic", seed=3)]
 
 
+_T = 8192  # slots.TILE_ELEMS: test ids name the pieces' starts and sizes in tiles
+SLOT_PIECES = {
+    # pieces that start aligned, odd-sized (whole tiles vector, the last element-wise) and aligned
+    # ones (all vector): the vector path; FAST_TILES 2, 1, 1
+    "vector": [(0, 2 * _T + 5), (2 * _T + 16, 3 * _T + 21 + 16), (3 * _T + 48, 3 * _T + 48 + _T // 2 + 16)],
+    # and one that starts off alignment: every piece's whole tiles without masks; FAST_TILES 2, 1, 0
+    "whole": [(0, 2 * _T + 5), (2 * _T + 5, 3 * _T + 21), (3 * _T + 32, 3 * _T + 32 + _T // 2 + 16)],
+}
+
+
+@pytest.mark.parametrize("paths", SLOT_PIECES)
 @pytest.mark.parametrize("cfg", SLOT_CFGS, ids=cfg_id)
-def test_slotted_kernels_give_the_same_bytes_on_either_path(cfg):
-    """A slotted launch compiled for any alignment runs each tile on the vector path or the
-    element-wise one (`slots.fast_tiles`): pieces that start aligned with an odd size (whole
-    tiles vector, the last element-wise), that start off alignment (all element-wise) and aligned
-    ones (all vector), in one launch. Each slot holds the plain kernel's bytes of its piece and its
-    tag; with every tile forced onto the element-wise path the bytes are the same; decompressing
-    writes the plain kernel's values into each piece and nothing outside the pieces."""
+def test_slotted_kernels_give_the_same_bytes_on_either_path(cfg, paths):
+    """A slotted launch compiled for any alignment runs each tile on its fast path or the
+    element-wise one with masks (`slots.two_paths`, `slots.fast_tiles`): pieces of each kind in one
+    launch (`SLOT_PIECES`). Each slot holds the plain kernel's bytes of its piece and its tag; with
+    every tile forced onto the element-wise path the bytes are the same; decompressing writes the
+    plain kernel's values into each piece and nothing outside the pieces."""
     from taco_triton.kernels import slots
     from taco_triton.kernels._launch import launch_params, target_of
     from taco_triton.kernels.compress import compress_slots_launch
     from taco_triton.kernels.decompress import decompress_slots_launch
 
     t = slots.TILE_ELEMS
-    pieces = [(0, 2 * t + 5), (2 * t + 5, 3 * t + 21), (3 * t + 32, 3 * t + 32 + t // 2 + 16)]
+    assert t == _T
+    pieces = SLOT_PIECES[paths]
     x = make_input("outliers", (pieces[-1][1] + 7,), torch.bfloat16, seed=11).to(DEVICE)
     lays = [WireLayout.of(b - a, cfg) for a, b in pieces]
     ends = [slots.slot_bytes(lay.nbytes) for lay in lays]
     offs = [sum(ends[:j]) for j in range(len(ends))]
     tags = [0x01020304 + j for j in range(len(pieces))]
     rows = slots.descriptors(pieces, lays, offs, ends, tags, list(range(len(pieces))))
-    assert [r[slots.FAST_TILES] for r in rows] == [2, 0, 1] and slots.elem_align(pieces) == 1
+    kind = {"vector": slots.VECTOR_PATH, "whole": slots.WHOLE_PATH}[paths]
+    assert [r[slots.FAST_TILES] for r in rows] == ([2, 1, 1] if paths == "vector" else [2, 1, 0])
+    assert slots.alignment(pieces) == {"elem_align": 1, "two_paths": kind}
     target, n_tiles = target_of(x.device), slots.total_tiles(lays)
 
     def compress(rows):
         out = torch.full((sum(ends),), 0xAB, dtype=torch.uint8, device=DEVICE)
         compress_slots_launch(x, out, slots.table(rows, DEVICE), len(pieces), n_tiles, cfg, target,
                               launch_params("compress_slots", x.device, x.dtype, cfg, t), x.device, elem_align=1,
-                              two_paths=True).run()
+                              two_paths=kind).run()
         return out
 
     def decompress(wire, rows):
@@ -398,7 +417,7 @@ def test_slotted_kernels_give_the_same_bytes_on_either_path(cfg):
         err = torch.zeros(slots.ERR_FIELDS, dtype=torch.int64, device=DEVICE)
         decompress_slots_launch(wire, y, slots.table(rows, DEVICE), err, len(pieces), n_tiles, cfg, target,
                                 launch_params("decompress_slots", x.device, x.dtype, cfg, t), x.device,
-                                elem_align=1, two_paths=True).run()
+                                elem_align=1, two_paths=kind).run()
         assert not bool(err.any())
         return y
 

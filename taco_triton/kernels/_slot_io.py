@@ -26,6 +26,7 @@ DESC: tl.constexpr = tl.constexpr(slots.DESC)
 TAG_BYTES: tl.constexpr = tl.constexpr(slots.TAG_BYTES)
 ALIGN: tl.constexpr = tl.constexpr(slots.ALIGN)
 VECTOR_ELEMS: tl.constexpr = tl.constexpr(slots.VECTOR_ELEMS)
+WHOLE_PATH: tl.constexpr = tl.constexpr(slots.WHOLE_PATH)
 SALT_MUL: tl.constexpr = tl.constexpr(slots.SALT_MUL)
 SALT_ADD: tl.constexpr = tl.constexpr(slots.SALT_ADD)
 SALT_MOD: tl.constexpr = tl.constexpr(slots.SALT_MOD)
@@ -79,17 +80,17 @@ def aligned_vec(v):
 
 @triton.jit
 def dense_piece(d, t, ptr, ELEM_ALIGN: tl.constexpr, TWO_PATHS: tl.constexpr):
-    """(pointer, element offset, size, vector path or not) of tile t of the slot whose descriptor
+    """(pointer, element offset, size, fast path or not) of tile t of the slot whose descriptor
     row is at d, in the dense tensor at ptr: with ELEM_ALIGN > 1 the piece's pointer itself, made
-    here as the plain kernels take theirs; with TWO_PATHS the offset apart and whether the tile is
-    one of the slot's FAST_TILES (`slots.fast_tiles`, `_tile.load_dense`)."""
+    here as the plain kernels take theirs; with TWO_PATHS (`slots.two_paths`) the offset apart and
+    whether the tile is one of the slot's FAST_TILES (`slots.fast_tiles`, `_tile.load_dense`)."""
     elem_off = tl.load(d + ELEM_OFF)
     numel = tl.load(d + NUMEL)
     fast = False
     if ELEM_ALIGN > 1:  # every piece aligned: the masks of whole vectors are uniform, accesses stay vectors
         numel = tl.multiple_of(numel, ELEM_ALIGN)
         ptr, elem_off = ptr + tl.multiple_of(elem_off, ELEM_ALIGN), 0
-    elif TWO_PATHS:  # a whole tile of a piece that starts aligned takes vectors, others go element by element
+    elif TWO_PATHS:  # a tile takes the fast path (vectors, or no masks) where the descriptor says it can
         fast = t < tl.load(d + FAST_TILES)
     return ptr, elem_off, numel, fast
 

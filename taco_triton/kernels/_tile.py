@@ -29,7 +29,7 @@ from ._common import (
     to_out_dtype,
 )
 from . import slots
-from ._slot_io import aligned_vec
+from ._slot_io import WHOLE_PATH, aligned_vec
 from ._tables import TILE_ELEMS
 
 
@@ -74,16 +74,36 @@ def tile_rows(tile, n_groups, ROWS: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
-def load_dense(base, off, offs, numel, fast, SPLIT: tl.constexpr):
+def whole_tile_ptrs(ptr, off, tile, ROWS: tl.constexpr, G: tl.constexpr):
+    """The addresses [ROWS, G] of tile number `tile` of the piece at ptr + off, for a whole tile on
+    `slots.WHOLE_PATH`: the tile's first element once, as a scalar, and int32 offsets within the
+    tile. Written as `tile_rows` writes them (int64 rows times G, per element), ptxas computed
+    each element's 64-bit offset apart and held them across the tile loop (bench/aot.py, sm_90
+    all_gather's INT4 decompress of an odd size: 255 registers and 296 B of spills; this way 254
+    and none)."""
+    start = off + tile.to(tl.int64) * (ROWS * G)
+    return ptr + start + (tl.arange(0, ROWS)[:, None] * G + tl.arange(0, G)[None, :])
+
+
+@triton.jit
+def load_dense(base, off, offs, numel, fast, SPLIT: tl.constexpr, tile=0):
     """A tile's dense input at base + off + offs (0 past numel). SPLIT (a slotted launch with two
-    paths per tile, `slots.two_paths`, or the tagged dense reduce's): where `fast`, the same address and mask written with
-    `aligned_vec`, so the compiler sees multiples of 16 elements and keeps 16-byte vector loads.
+    paths per tile, `slots.two_paths`, or the tagged dense reduce's): where `fast`, VECTOR_PATH (or
+    True) writes the same address and mask with `aligned_vec`, so the compiler sees multiples of 16
+    elements and keeps 16-byte vector loads; WHOLE_PATH (a whole tile, number `tile`) loads without a
+    mask, element by element: no address there is known to be 16-byte aligned, but no element
+    needs a test (`whole_tile_ptrs`).
     Only the load is on the branch: the tile's math is one copy (two inlined copies of the tile
     raised registers from 136 to 198 on gfx942, by bench/aot.py). The rounding is done inside
     the branch, not before it: two arms of the same operations on different values are merged
     into one block by the compiler (MLIR's block merging), whose pointer, a block argument, has
     no known alignment, and both arms then load element by element."""
-    if SPLIT:
+    if SPLIT == WHOLE_PATH:
+        if fast:
+            x = tl.load(whole_tile_ptrs(base, off, tile, offs.shape[0], offs.shape[1]))
+        else:
+            x = tl.load(base + off + offs, mask=offs < numel, other=0.0)
+    elif SPLIT:
         if fast:
             x = tl.load(base + aligned_vec(off) + offs, mask=offs < aligned_vec(numel), other=0.0)
         else:
@@ -229,9 +249,9 @@ def load_scales(tile, rows, row_ok, n_sb, a_ptr, b_ptr, DUAL: tl.constexpr, SBT:
 
 @triton.jit
 def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr, OVERFLOW: tl.constexpr,
-                off=0, fast=None, SPLIT: tl.constexpr = False):
+                off=0, fast=None, SPLIT: tl.constexpr = False, tile=0):
     """Clamp y to the output dtype's finite range (NaN stays NaN), cast, store the valid part at
-    out_ptr + off + offs (off, fast, SPLIT: as in `load_dense`, for the store).
+    out_ptr + off + offs (off, fast, SPLIT, tile: as in `load_dense`, for the store).
 
     OVERFLOW: magnitudes above `inf_above` become +-inf, so an overflowed reduced sum stays visible
     (reference.saturate_cast); a constexpr, so plain decompression does not pay for the test. The
@@ -242,7 +262,12 @@ def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr, O
     if OVERFLOW:
         c = tl.where(tl.abs(y) > inf_above, y, c)
     v = to_out_dtype(c, out_ptr, HW)
-    if SPLIT:
+    if SPLIT == WHOLE_PATH:
+        if fast:
+            tl.store(whole_tile_ptrs(out_ptr, off, tile, v.shape[0], v.shape[1]), v)
+        else:
+            tl.store(out_ptr + off + offs, v, mask=offs < numel)
+    elif SPLIT:
         if fast:
             tl.store(out_ptr + aligned_vec(off) + offs, v, mask=offs < aligned_vec(numel))
         else:

@@ -54,7 +54,7 @@ def _compress_tile(
     per tile; fast, SPLIT: `_tile.load_dense`)."""
     ROWS: tl.constexpr = SBT * GPS
     rows, offs, row_ok = tile_rows(tile, n_groups, ROWS, G)
-    x = load_dense(x_ptr, elem_off, offs, numel, fast, SPLIT)
+    x = load_dense(x_ptr, elem_off, offs, numel, fast, SPLIT, tile)
     if not OP16:
         x = x.to(tl.float32)
     if DUAL:
@@ -103,7 +103,7 @@ def _compress_slots_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, BITS: tl.constexpr, PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr,
     ROUND: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, KRON: tl.constexpr = 0,
     ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, K_CHUNKS: tl.constexpr = False, MAX_SLOTS: tl.constexpr = 1,
-    TWO_PATHS: tl.constexpr = False, ROW_GATHER: tl.constexpr = False,
+    TWO_PATHS: tl.constexpr = 0, ROW_GATHER: tl.constexpr = False,
 ):
     """Compress n_chunks pieces of x, each into its slot of one wire buffer, and write each slot's
     tag and zero padding: the whole send buffer of a collective's pipeline slice in one launch.
@@ -117,8 +117,9 @@ def _compress_slots_kernel(
     salted with the int64 it points to, a counter CUDA graph replays advance on the device
     (`slots.seed_counter`). ELEM_ALIGN: every piece starts at, and holds, a multiple of this many
     elements (the launcher checks), so loads keep their vector width. TWO_PATHS (ELEM_ALIGN 1,
-    `slots.two_paths`): each tile takes the vector path when its descriptor's FAST_TILES says it
-    can (`slots.fast_tiles`), else the element-wise one; the same values either way.
+    `slots.two_paths`): each tile takes the fast path (`slots.VECTOR_PATH`: 16-byte vectors;
+    `slots.WHOLE_PATH`: no masks) when its descriptor's FAST_TILES says it can (`slots.fast_tiles`),
+    else the element-wise one with masks; the same values either way.
     """
     if ROUND == STOCHASTIC:  # noqa: SIM102 - a constexpr test, kept apart from the None test
         if seq_ptr is not None:
@@ -218,17 +219,17 @@ def compress_launches(x, codes, a, b, numel: int, config: CompressionConfig, tar
 
 def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: CompressionConfig, target: Target,
                           params: dict, device: torch.device | None = None, seed: int | None = None,
-                          elem_align: int = 1, seq_ptr: torch.Tensor | None = None, two_paths: bool = False) -> Launch:
+                          elem_align: int = 1, seq_ptr: torch.Tensor | None = None, two_paths: int = 0) -> Launch:
     """The launch that compresses `n_slots` pieces of x into their slots of `out` (uint8 wire
     buffer, slots 16-byte aligned), tags and padding included; `desc` the slots' descriptor table
     (`slots.descriptors`), `n_tiles` their tiles in all, `params` from
     `launch_params("compress_slots", ...)`, `seed` the salted seed (default: the config's),
     `elem_align` a number of elements every piece's first element and size are multiples of (16
-    keeps vector loads; 1 assumes nothing), `two_paths` with 1: a vector path for the tiles that can
-    take it (`slots.two_paths`), `seq_ptr` a device counter the stochastic seed is
+    keeps vector loads; 1 assumes nothing), `two_paths` with 1: the fast path the tiles that can
+    take it take (`slots.two_paths`, 0 for none), `seq_ptr` a device counter the stochastic seed is
     salted with on the device (`slots.seed_counter`; None: not used)."""
     meta = _meta(x.dtype, config, target, params, out.data_ptr(), ELEM_ALIGN=elem_align,
-                 TWO_PATHS=two_paths and elem_align == 1,
+                 TWO_PATHS=int(two_paths) if elem_align == 1 else 0,
                  MAX_SLOTS=triton.next_power_of_2(max(n_slots, 1)))
     h, h16 = _tables(x.dtype, config, meta, device)
     return Launch(_compress_slots_kernel, n_tiles,

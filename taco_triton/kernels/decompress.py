@@ -79,7 +79,7 @@ def _decompress_tile(
         if CHECKED:
             sigma = tl.where(bad, float("nan"), sigma)
         y = decode_target_codes(codes, CODEC, FP8_HW, CDNA, tl.float32, DOT_PREC == "tf32x3") * sigma[:, None]
-    store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW, elem_off, fast, SPLIT)
+    store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW, OVERFLOW, elem_off, fast, SPLIT, tile)
 
 
 @triton.jit(do_not_specialize=["tile0"])
@@ -109,7 +109,7 @@ def _decompress_slots_kernel(
     data_ptr, out_ptr, desc_ptr, err_ptr, h_ptr, h16_ptr, n_chunks, n_tiles, out_max, inf_above, k, seq,
     G: tl.constexpr, GPS: tl.constexpr, SBT: tl.constexpr, CODEC: tl.constexpr, BITS: tl.constexpr,
     PACK_K: tl.constexpr, HADAMARD: tl.constexpr, DUAL: tl.constexpr, HW: tl.constexpr, FP8_HW: tl.constexpr, OP16: tl.constexpr, DOT_PREC: tl.constexpr, OVERFLOW: tl.constexpr, KRON: tl.constexpr = 0,
-    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, MAX_SLOTS: tl.constexpr = 1, TWO_PATHS: tl.constexpr = False,
+    ELEM_ALIGN: tl.constexpr = 1, CDNA: tl.constexpr = 0, MAX_SLOTS: tl.constexpr = 1, TWO_PATHS: tl.constexpr = 0,
 ):
     """Decompress n_chunks slots of one received buffer into their pieces of out, in one launch.
 
@@ -195,14 +195,14 @@ def decompress_launches(codes, a, b, out, numel: int, config: CompressionConfig,
 
 def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int, config: CompressionConfig,
                             target: Target, params: dict, device: torch.device | None = None,
-                            inf_above: float = math.inf, elem_align: int = 1, two_paths: bool = False) -> Launch:
+                            inf_above: float = math.inf, elem_align: int = 1, two_paths: int = 0) -> Launch:
     """The launch that checks the tags of `n_slots` slots of `data` and decompresses each into its
     piece of `out` (flat, contiguous); `desc` the slots' descriptor table, `errors` the
     `slots.ErrorRecord` tensor. The arguments k (slice) and seq (call) name the call in an error
     record: 0 here; `Prepared` passes them per call. `elem_align`, `two_paths`: as in
     `compress.compress_slots_launch`, for the pieces of `out`."""
     meta = _meta(out.dtype, config, target, params, data.data_ptr(), inf_above, ELEM_ALIGN=elem_align,
-                 TWO_PATHS=two_paths and elem_align == 1,
+                 TWO_PATHS=int(two_paths) if elem_align == 1 else 0,
                  MAX_SLOTS=triton.next_power_of_2(max(n_slots, 1)))
     h, h16 = _tables(config, meta, device)
     return Launch(_decompress_slots_kernel, n_tiles,

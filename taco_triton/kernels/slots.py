@@ -41,7 +41,7 @@ SLOT_END = 9   # the slot's stride: padding up to here is zero
 TILE_BASE = 10  # tiles of the slots before this one
 TAG = 11
 SRC = 12       # the rank (or chunk) the slot belongs to, for errors
-FAST_TILES = 13  # the slot's leading tiles that take the kernels' vector path (`fast_tiles`)
+FAST_TILES = 13  # the slot's leading tiles that take the kernels' fast path (`fast_tiles`)
 DESC = 16
 
 #: Bytes of the tag after a slot's wire bytes (the sender's fingerprint of the call and the slot):
@@ -122,12 +122,14 @@ def seed_counter(device: torch.device) -> torch.Tensor:
 
 def descriptors(pieces, layouts, slot_offsets, slot_ends, tags, sources) -> list[list[int]]:
     """Descriptor rows (host ints) of slots: pieces [(first element, end)], their wire layouts,
-    slot byte offsets and strides, tags (uint32 as int) and source ranks."""
+    slot byte offsets and strides, tags (uint32 as int) and source ranks. FAST_TILES is each
+    piece's `fast_tiles` for the fast path the launch over these pieces compiles (`two_paths`)."""
     rows, base = [], 0
+    paths = two_paths(pieces)
     for (a, b), lay, off, end, tag, src in zip(pieces, layouts, slot_offsets, slot_ends, tags, sources):
         n_tiles = -(-lay.n_superblocks // SB_PER_TILE)
         row = [a, b - a, off, lay.n_groups, lay.n_superblocks, n_tiles, lay.scale_a_offset, lay.scale_b_offset,
-               lay.nbytes, end, base, tag, src, fast_tiles(a, b)]
+               lay.nbytes, end, base, tag, src, fast_tiles(a, b, paths)]
         rows.append(row + [0] * (DESC - len(row)))
         base += n_tiles
     return rows
@@ -140,14 +142,29 @@ def elem_align(pieces) -> int:
     return v if all(a % v == 0 and (b - a) % v == 0 for a, b in pieces) else 1
 
 
-def two_paths(pieces) -> bool:
-    """Whether a launch of elem_align 1 compiles two paths per tile (`fast_tiles`): when every
-    piece starts at a multiple of 16 elements and only sizes are not (an all_reduce's last piece,
-    an all_gather's or a p2p message's one piece), so all but the partial last tiles take the
-    vector path. A launch with pieces that start off alignment (reduce_scatter's input, all_gather's
-    output at r * m for an odd m) keeps one element-wise path: most of its tiles could not take
-    the other, and the second path's code and registers would cost all of them."""
-    return elem_align(pieces) == 1 and all(a % VECTOR_ELEMS == 0 for a, _ in pieces)
+#: The fast path of a launch with two paths per tile (`two_paths`; the kernels' TWO_PATHS): 16-byte
+#: vectors for the whole tiles of pieces that start aligned, or, where a piece starts off alignment,
+#: element-wise accesses without masks for the whole tiles of every piece.
+VECTOR_PATH, WHOLE_PATH = 1, 2
+
+
+def two_paths(pieces) -> int:
+    """The fast path a launch of elem_align 1 compiles beside its element-wise one (0: none, the
+    launch's pieces are all aligned, `elem_align`), the path its descriptors' FAST_TILES leading
+    tiles take (`fast_tiles`):
+
+    - VECTOR_PATH when every piece starts at a multiple of 16 elements and only sizes are not (an
+      all_reduce's last piece, an all_gather's or a p2p message's one piece): all but the partial
+      last tiles keep 16-byte vectors.
+    - WHOLE_PATH when a piece starts elsewhere (reduce_scatter's input and all_gather's output at
+      r * m for an odd shard size m): no 16-byte-aligned address to access, so every tile goes
+      element by element, but a whole tile needs no mask (one test and one predicate per element
+      where the masked path has them; bench/aot.py, sm_90 all_gather's INT4 decompress of an odd
+      size: the tile loop's instructions 1,403 on the masked path alone).
+    """
+    if elem_align(pieces) != 1:
+        return 0
+    return VECTOR_PATH if all(a % VECTOR_ELEMS == 0 for a, _ in pieces) else WHOLE_PATH
 
 
 def alignment(pieces) -> dict:
@@ -155,16 +172,17 @@ def alignment(pieces) -> dict:
     return {"elem_align": elem_align(pieces), "two_paths": two_paths(pieces)}
 
 
-def fast_tiles(a: int, b: int) -> int:
-    """How many leading tiles of piece [a, b) the batched kernels run with 16-element vector loads
-    and stores (the rest element by element): every tile when the piece starts at and holds a
-    multiple of 16 elements; its whole tiles when it starts at one and holds a size that is not
-    (only the last, partial tile's mask is not uniform over 16-element runs); none when it starts
-    elsewhere (no 16-byte-aligned address to load from: the pieces a reduce_scatter reads and an
-    all_gather writes at rank r's offset r * m, for an odd shard size m). A launch compiled with
-    `two_paths` picks one of its two paths per tile by this count; both compute the same values,
-    so the bytes do not depend on it."""
+def fast_tiles(a: int, b: int, paths: int = VECTOR_PATH) -> int:
+    """How many leading tiles of piece [a, b) the batched kernels run on the fast path of a launch
+    compiled with `paths` (`two_paths`; the rest element by element, with masks). VECTOR_PATH, 16-element
+    vector loads and stores: every tile when the piece starts at and holds a multiple of 16 elements; its whole
+    tiles when it starts at one and holds a size that is not (only the last, partial tile's mask
+    is not uniform over 16-element runs); none when it starts elsewhere. WHOLE_PATH, no masks: the
+    piece's whole tiles, wherever it starts. Both paths compute the same values, so the bytes do
+    not depend on it."""
     n = b - a
+    if paths == WHOLE_PATH:
+        return n // TILE_ELEMS
     if a % VECTOR_ELEMS:
         return 0
     if n % VECTOR_ELEMS == 0:
@@ -173,7 +191,7 @@ def fast_tiles(a: int, b: int) -> int:
 
 
 def slow_tiles(rows) -> int:
-    """The tiles of a launch's descriptor rows that take the element-wise path (`fast_tiles`)."""
+    """The tiles of a launch's descriptor rows that take the element-wise path with masks (`fast_tiles`)."""
     return sum(r[N_TILES] - r[FAST_TILES] for r in rows)
 
 
