@@ -54,8 +54,8 @@ program), so their per-program and per-slot work weighs: each is counted over th
 programs, slots, tiles and ranks make them), and divided by the elements the launch processes;
 bytes_per_elem counts what it reads and writes (slots with their tags and padding). Extra
 columns: collective, world, message_mib, odd, slots, tiles, slow_tiles (the partial last tiles of
-odd-sized pieces that a launch with two paths per tile runs element by element, `slots.two_paths`;
-their path is weighed apart from the vector one, `tile_arms`), programs (the grid), launches (one per slice). Floors: `HOT_FLOORS`, and an
+odd-sized pieces that a launch with two paths per tile runs element by element with masks,
+`slots.two_paths`; their path is weighed apart from the fast one, `tile_arms`), programs (the grid), launches (one per slice). Floors: `HOT_FLOORS`, and an
 odd-sized launch within `ODD_WITHIN` of its aligned twin.
 
 What a collective's row counts (conventions: an upper bound of what runs, never less). Reading
@@ -1102,7 +1102,7 @@ def _global_access(text: str) -> bool:
 
 
 def tile_arms(a: dict, body: frozenset, header: int) -> tuple[set, set] | None:
-    """(vector path, element-wise path) of the tile loop whose `body` and `header` are given, in a
+    """(fast path, element-wise path with masks) of the tile loop whose `body` and `header` are given, in a
     slotted kernel compiled for any alignment (each tile runs one of two paths, `slots.fast_tiles`):
     the two largest pieces of code of the loop that do not run in every iteration, each the code a
     branch's side dominates (the two sides of one branch on NVIDIA; AMD's structurizer makes them
@@ -1503,6 +1503,14 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
     ({"kernel": "compress", "dtype": "fp32", "target": "sm_89"}, "spills: as sm_80 FP32 input"),
     # the collectives' launches (`--set hotpath`, floors `HOT_FLOORS`)
     # INT6 and INT4 (`--set hotpath-subbyte`): the sub-byte entries first, as they name every target
+    ({"kernel": "reduce_tagged", "codec": "int4", "target": "sm_80", "world": 2},
+     "at P = 2 the sum's requantization dominates: of 1,227 warp-instructions per tile (80% allows 1,193), the loop "
+     "over ranks runs once (341), the first rank's decode about 200, the scales about 310 (each row's absmax, 62 FMNMX "
+     "for a thread's two rows, the super-block's across threads, the correctly rounded divisions, the E4M4 codes) and "
+     "the codes about 275 (the multiply by the 2^64 factor of tiny groups and by the reciprocal, the magic-number "
+     "rounding and a funnel shift into the word per code). What it would take: 34 fewer per tile, e.g. the 2^64 "
+     "multiply (64) behind a tile-wide test that no group is below 2^-126, a branch the model would have to know "
+     "is not taken"),
     ({"kernel": "reduce_tagged", "codec": "int4"},
      "every rank's packed codes decoded in the loop over ranks, 4 instructions per code: a LOP3 and an FADD read it "
      "into FP32 (`_field_f32`), then the multiply by its row's factor and the add (sm_90: 256 of 338 warp-instructions "
@@ -1548,10 +1556,18 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
      "transform"),
     ({"kernel": "compress_slots", "odd": True, "collective": "reduce_scatter"},
      "an odd shard size m: rank r's piece of the input starts at element r * m, so P - 1 of the P pieces start "
-     "off a multiple of 16 elements and every tile of them loads element by element (2-byte loads where a "
-     "16-byte vector takes 8 elements); the caller's tensor fixes these addresses, no wire format moves them"),
+     "off a multiple of 16 elements and their tiles load element by element, the whole ones without masks "
+     "(`slots.WHOLE_PATH`): a 2-byte load and its address per element where a 16-byte vector takes 8 elements. "
+     "Below 95% of the aligned figure: at 64 MiB, seven pipeline slices of about one tile per program, each "
+     "program's set-up paid per tile (sm_100 FP8 at P = 8: 0.536 warp-instructions per element against 0.417 "
+     "aligned, 0.480 at 16 MiB; gfx942 INT4 0.596 against 0.496); on sm_100 the sub-byte compress with its two "
+     "paths holds 254 registers against 106-120, half the warps. The caller's tensor fixes these addresses, no "
+     "wire format moves them"),
     ({"kernel": "decompress_slots", "odd": True, "collective": "all_gather"},
-     "as reduce_scatter's compress, for the output: rank r's piece of the gathered tensor starts at r * m"),
+     "as reduce_scatter's compress, for the output: rank r's piece of the gathered tensor starts at r * m; "
+     "sm_100's INT4 decompress at P = 8 (16 MiB): 0.467 warp-instructions per element against 0.407 aligned, its "
+     "whole tiles' 64 2-byte stores per thread each with its own address (297 instructions per tile on that path, "
+     "where the aligned tile stores 8 vectors)"),
     ({"kernel": "compress_slots", "odd": True, "collective": "all_gather"},
      "one piece, aligned, an odd size: the whole tiles load 16-byte vectors, but the loaded tile is one value "
      "after the two load paths, so the vector path unpacks its loads into the element-wise path's form (sm_80: "
