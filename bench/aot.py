@@ -1445,9 +1445,16 @@ FLOORS = {"sm_90": 85.0, "sm_100": 85.0, "sm_80": 70.0, "sm_89": 70.0, "gfx942":
 
 #: The launches known to stay below their floor (or to spill registers), and why: (fields the row
 #: must match, as `--only` writes them; the reason). README's table of exceptions is these entries
-#: with their figures (`--floors`). `check_floors` fails a launch below its floor, or spilling,
-#: that no entry names, and an excepted one that got slower than the committed table says.
+#: with their figures (`--floors`). `check_floors` fails a launch below its floor that no entry
+#: names, a spilling one that no entry names with a reason that speaks of the spill, and an
+#: excepted one that got slower than the committed table says.
 EXCEPTIONS: tuple[tuple[dict, str], ...] = (
+    ({"target": "sm_90", "kernel": "compress", "codec": "int4", "group_size": 256, "hadamard": True,
+      "rounding": "stochastic"},
+     "spills 16 B at 255 registers: the random stream and the integer encoder on top of the two-dot transform, "
+     "at 4 warps. 8 warps spill nothing (168 registers) but take more instructions on sm_80, sm_90 and sm_100 "
+     "(sm_90: 1.634 -> 1.668 warp-instructions per element; sm_80 53.6 -> 50.8%, sm_100 26.4 -> 24.0%), so the "
+     "warp count (`SUBBYTE_WARPS`) stays 4; below its floor as every stochastic launch, next entry"),
     ({"rounding": "stochastic"},
      "32 counter-based random bits per element (a MurmurHash3 finaliser: 8 integer instructions) and the exact "
      "integer-bit encoder (about 20) where round-to-nearest takes one conversion: 2.5-4x the instructions"),
@@ -1455,6 +1462,10 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
      "the 256-point transform in two dots: the first dot's FP32 sums are split into three bf16 pieces for an "
      "exact second dot and moved between the two dots' register layouts (warp shuffles, byte permutes)"),
     ({"kernel": "compress", "group_size": 512, "hadamard": True}, "as G=256: the two-dot transform"),
+    ({"target": "sm_89", "kernel": "reduce_dense", "group_size": 256, "hadamard": True, "codec": "fp8_e4m3"},
+     "spills 8 B at 168 registers: the first rank's term before the loop over ranks is a second copy of the decode "
+     "in the tile loop, beside the two-dot inverse transform (before that term: 174 registers, no spill); at 100% "
+     "of copy bandwidth"),
     ({"kernel": "reduce_dense", "group_size": 256, "hadamard": True},
      "as compress G=256, on FP32 sums of the ranks (three bf16 pieces in both dots)"),
     ({"kernel": "reduce_dense", "group_size": 512, "hadamard": True}, "as G=256"),
@@ -1640,8 +1651,9 @@ def check_floors(rows: list[dict], baseline: list[dict] | None = None) -> list[s
             continue
         problems += [f"{name}: {m}" for m in model_misreads(r)]  # no EXCEPTIONS entry excuses these
         excepted = any(_matches(r, fields) for fields, _ in EXCEPTIONS)
-        if r["spill_bytes"] and not excepted:
-            problems.append(f"{name}: spills {r['spill_bytes']} B and no EXCEPTIONS entry names it")
+        if r["spill_bytes"] and not any(_matches(r, fields) and "spill" in why for fields, why in EXCEPTIONS):
+            problems.append(f"{name}: spills {r['spill_bytes']} B and no EXCEPTIONS entry that names it gives a spill's "
+                            "reason")
         floor = _floor(r)
         aligned = _odd_short(r, twins)
         if (floor is None or r["pct_copy_bw_bound"] >= floor) and aligned is None:
