@@ -29,7 +29,7 @@ from ._common import (
     to_out_dtype,
 )
 from . import slots
-from ._slot_io import WHOLE_PATH, aligned_vec
+from ._slot_io import WHOLE_PATH, WHOLE_RUN_PATH, aligned_vec
 from ._tables import TILE_ELEMS
 
 
@@ -86,21 +86,46 @@ def whole_tile_ptrs(ptr, off, tile, ROWS: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
+def load_whole_tile(ptr, off, tile, ROWS: tl.constexpr, G: tl.constexpr):
+    """Tile number `tile` [ROWS, G] of the piece at ptr + off, a whole tile (no mask), on
+    `slots.WHOLE_RUN_PATH`: loaded as one run of ROWS * G elements from the tile's first element
+    (a scalar, computed once) and reshaped in order. Each thread's elements then lie at fixed
+    distances from one address, which ptxas folds into the loads' immediates, where the 2-D
+    offsets of `whole_tile_ptrs` cost an address computation per element (sm_90 all_gather's INT4
+    decompress of an odd size, that path's instructions per tile: 297 -> 138); the reshape then
+    moves the tile to the layout its math takes, which costs more than it saves for some codecs
+    and targets (`_launch.whole_run`)."""
+    N: tl.constexpr = ROWS * G
+    return tl.reshape(tl.load(ptr + (off + tile.to(tl.int64) * N) + tl.arange(0, N)), [ROWS, G])
+
+
+@triton.jit
+def store_whole_tile(v, ptr, off, tile):
+    """Store v [ROWS, G] as tile number `tile` of the piece at ptr + off, a whole tile (no mask),
+    as `load_whole_tile` loads one."""
+    N: tl.constexpr = v.shape[0] * v.shape[1]
+    tl.store(ptr + (off + tile.to(tl.int64) * N) + tl.arange(0, N), tl.reshape(v, [N]))
+
+
+@triton.jit
 def load_dense(base, off, offs, numel, fast, SPLIT: tl.constexpr, tile=0):
     """A tile's dense input at base + off + offs (0 past numel). SPLIT (a slotted launch with two
     paths per tile, `slots.two_paths`, or the tagged dense reduce's): where `fast`, VECTOR_PATH (or
     True) writes the same address and mask with `aligned_vec`, so the compiler sees multiples of 16
     elements and keeps 16-byte vector loads; WHOLE_PATH (a whole tile, number `tile`) loads without a
     mask, element by element: no address there is known to be 16-byte aligned, but no element
-    needs a test (`whole_tile_ptrs`).
+    needs a test (`whole_tile_ptrs`; WHOLE_RUN_PATH, the same tiles: `load_whole_tile`).
     Only the load is on the branch: the tile's math is one copy (two inlined copies of the tile
     raised registers from 136 to 198 on gfx942, by bench/aot.py). The rounding is done inside
     the branch, not before it: two arms of the same operations on different values are merged
     into one block by the compiler (MLIR's block merging), whose pointer, a block argument, has
     no known alignment, and both arms then load element by element."""
-    if SPLIT == WHOLE_PATH:
+    if SPLIT == WHOLE_PATH or SPLIT == WHOLE_RUN_PATH:
         if fast:
-            x = tl.load(whole_tile_ptrs(base, off, tile, offs.shape[0], offs.shape[1]))
+            if SPLIT == WHOLE_RUN_PATH:
+                x = load_whole_tile(base, off, tile, offs.shape[0], offs.shape[1])
+            else:
+                x = tl.load(whole_tile_ptrs(base, off, tile, offs.shape[0], offs.shape[1]))
         else:
             x = tl.load(base + off + offs, mask=offs < numel, other=0.0)
     elif SPLIT:
@@ -262,9 +287,12 @@ def store_dense(y, out_ptr, offs, numel, out_max, inf_above, HW: tl.constexpr, O
     if OVERFLOW:
         c = tl.where(tl.abs(y) > inf_above, y, c)
     v = to_out_dtype(c, out_ptr, HW)
-    if SPLIT == WHOLE_PATH:
+    if SPLIT == WHOLE_PATH or SPLIT == WHOLE_RUN_PATH:
         if fast:
-            tl.store(whole_tile_ptrs(out_ptr, off, tile, v.shape[0], v.shape[1]), v)
+            if SPLIT == WHOLE_RUN_PATH:
+                store_whole_tile(v, out_ptr, off, tile)
+            else:
+                tl.store(whole_tile_ptrs(out_ptr, off, tile, v.shape[0], v.shape[1]), v)
         else:
             tl.store(out_ptr + off + offs, v, mask=offs < numel)
     elif SPLIT:

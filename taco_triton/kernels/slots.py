@@ -144,8 +144,9 @@ def elem_align(pieces) -> int:
 
 #: The fast path of a launch with two paths per tile (`two_paths`; the kernels' TWO_PATHS): 16-byte
 #: vectors for the whole tiles of pieces that start aligned, or, where a piece starts off alignment,
-#: element-wise accesses without masks for the whole tiles of every piece.
-VECTOR_PATH, WHOLE_PATH = 1, 2
+#: element-wise accesses without masks for the whole tiles of every piece. WHOLE_RUN_PATH: a kernel's
+#: variant of WHOLE_PATH, the same tiles addressed as one run each (`_launch.whole_run`).
+VECTOR_PATH, WHOLE_PATH, WHOLE_RUN_PATH = 1, 2, 3
 
 
 def two_paths(pieces) -> int:
@@ -181,7 +182,7 @@ def fast_tiles(a: int, b: int, paths: int = VECTOR_PATH) -> int:
     piece's whole tiles, wherever it starts. Both paths compute the same values, so the bytes do
     not depend on it."""
     n = b - a
-    if paths == WHOLE_PATH:
+    if paths in (WHOLE_PATH, WHOLE_RUN_PATH):
         return n // TILE_ELEMS
     if a % VECTOR_ELEMS:
         return 0
