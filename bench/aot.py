@@ -1569,16 +1569,15 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
      "an odd shard size m: rank r's piece of the input starts at element r * m, so P - 1 of the P pieces start "
      "off a multiple of 16 elements and their tiles load element by element, the whole ones without masks "
      "(`slots.WHOLE_PATH`): a 2-byte load and its address per element where a 16-byte vector takes 8 elements. "
-     "Below 95% of the aligned figure: at 64 MiB, seven pipeline slices of about one tile per program, each "
-     "program's set-up paid per tile (sm_100 FP8 at P = 8: 0.536 warp-instructions per element against 0.417 "
-     "aligned, 0.480 at 16 MiB; gfx942 INT4 0.596 against 0.496); on sm_100 the sub-byte compress with its two "
-     "paths holds 254 registers against 106-120, half the warps. The caller's tensor fixes these addresses, no "
-     "wire format moves them"),
+     "Below 95% of the aligned figure: at 64 MiB only (sm_100 FP8 and INT8, gfx942 INT6 and INT4), seven "
+     "pipeline slices of about one tile per program, each program's set-up paid per tile (sm_100 FP8 at P = 8: "
+     "0.536 warp-instructions per element against 0.417 aligned, 0.480 at 16 MiB; gfx942 INT4 0.596 against "
+     "0.496). The caller's tensor fixes these addresses, no wire format moves them"),
     ({"kernel": "decompress_slots", "odd": True, "collective": "all_gather"},
      "as reduce_scatter's compress, for the output: rank r's piece of the gathered tensor starts at r * m; "
-     "sm_100's INT4 decompress at P = 8 (16 MiB): 0.467 warp-instructions per element against 0.407 aligned, its "
-     "whole tiles' 64 2-byte stores per thread each with its own address (297 instructions per tile on that path, "
-     "where the aligned tile stores 8 vectors)"),
+     "below 95% of the aligned figure on gfx942 at 64 MiB (INT6 and INT4, 94-95% of it), whose decompress "
+     "keeps 2-D offsets for its whole tiles (`_launch.slot_paths`: one run per tile took 7-13% more instructions "
+     "there)"),
     ({"kernel": "compress_slots", "odd": True, "collective": "all_gather"},
      "one piece, aligned, an odd size: the whole tiles load 16-byte vectors, but the loaded tile is one value "
      "after the two load paths, so the vector path unpacks its loads into the element-wise path's form (sm_80: "
