@@ -1576,7 +1576,7 @@ EXCEPTIONS: tuple[tuple[dict, str], ...] = (
     ({"kernel": "decompress_slots", "odd": True, "collective": "all_gather"},
      "as reduce_scatter's compress, for the output: rank r's piece of the gathered tensor starts at r * m; "
      "below 95% of the aligned figure on gfx942 at 64 MiB (INT6 and INT4, 94-95% of it), whose decompress "
-     "keeps 2-D offsets for its whole tiles (`_launch.slot_paths`: one run per tile took 7-13% more instructions "
+     "keeps 2-D offsets for its whole tiles (`slots.kernel_paths`: one run per tile took 7-13% more instructions "
      "there)"),
     ({"kernel": "compress_slots", "odd": True, "collective": "all_gather"},
      "one piece, aligned, an odd size: the whole tiles load 16-byte vectors, but the loaded tile is one value "

@@ -364,17 +364,17 @@ def test_fast_tiles_counts_the_tiles_each_fast_path_can_take():
                              [0, 4096], [4096, 8192], [1, 2], [0, 1])
     assert [r[slots.FAST_TILES] for r in rows] == [0, 1]  # the descriptors count for the launch's fast path
     # a kernel's variant of the path without masks addresses the same tiles as one run each
-    from taco_triton.kernels._launch import Target, slot_paths
+    from taco_triton.kernels._launch import Target
 
     run = slots.WHOLE_RUN_PATH
     assert slots.fast_tiles(5, 5 + 4 * t, run) == 4 and slots.fast_tiles(5, 4 + 4 * t, run) == 3
     cuda, hip, interp = Target("cuda", 90), Target("hip", "gfx942", 64), Target("interpreter")
-    assert slot_paths(whole, cuda, 4) == run and slot_paths(whole, interp, 6) == run
-    assert slot_paths(whole, cuda, 8) == whole and slot_paths(whole, hip, 4) == whole
-    assert slot_paths(slots.VECTOR_PATH, cuda, 4) == slots.VECTOR_PATH and slot_paths(0, cuda, 4) == 0
+    assert slots.kernel_paths(whole, cuda, 4) == run and slots.kernel_paths(whole, interp, 6) == run
+    assert slots.kernel_paths(whole, cuda, 8) == whole and slots.kernel_paths(whole, hip, 4) == whole
+    assert slots.kernel_paths(slots.VECTOR_PATH, cuda, 4) == slots.VECTOR_PATH and slots.kernel_paths(0, cuda, 4) == 0
 
 
-# FP8 and INT8 take the path without masks by 2-D offsets, INT4 as one run per tile (`_launch.slot_paths`)
+# FP8 and INT8 take the path without masks by 2-D offsets, INT4 as one run per tile (`slots.kernel_paths`)
 SLOT_CFGS = [taco.CompressionConfig(), taco.CompressionConfig(codec="int8", rounding="stochastic", seed=3),
              taco.CompressionConfig(codec="int4", group_size=32)]
 

@@ -113,25 +113,6 @@ def target_flags(target: Target) -> dict:
     }
 
 
-def slot_paths(two_paths: int, target: Target, bits: int) -> int:
-    """The slotted kernels' TWO_PATHS for a launch whose pieces ask for `two_paths`
-    (`slots.two_paths`): `slots.WHOLE_PATH`'s whole tiles addressed as one run each
-    (`slots.WHOLE_RUN_PATH`, `_tile.load_whole_tile`) for codes narrower than a byte on NVIDIA, by
-    2-D offsets (`_tile.whole_tile_ptrs`) otherwise. Chosen with bench/aot.py (the odd reduce_scatter
-    compress and all_gather decompress at P = 8, 16 and 64 MiB): the run folds each thread's
-    addresses into the accesses' immediates but reaches the tile's layout through a reshape. INT6
-    and INT4 (G = 32) on sm_80 .. sm_100: 5-20% fewer instructions (sm_100 INT4 decompress 0.467 ->
-    0.377 warp-instructions per element, 0.407 aligned); FP8 and INT8 (G = 128): 6-23% more in the
-    compress (sm_80 INT8 0.572 -> 0.704), about the same in the decompress; gfx942: 4-5% fewer in
-    the sub-byte compress, 7-13% more in every decompress. The interpreter follows the rule, so the
-    tests run both (by codec); the descriptors count the same tiles either way."""
-    from . import slots
-
-    if two_paths != slots.WHOLE_PATH or bits >= 8:
-        return two_paths
-    return slots.WHOLE_RUN_PATH if not target.compiled or target.backend == "cuda" else two_paths
-
-
 def row_gather(kernel: str, target: Target, pack_k: int) -> bool:
     """ROW_GATHER of the kernels that quantize a tile (compress, the fused reduce): whether the
     per-row scale work moves to a layout of one row per thread (`_tile.one_thread_per_row`)

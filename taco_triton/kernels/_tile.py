@@ -94,7 +94,7 @@ def load_whole_tile(ptr, off, tile, ROWS: tl.constexpr, G: tl.constexpr):
     offsets of `whole_tile_ptrs` cost an address computation per element (sm_90 all_gather's INT4
     decompress of an odd size, that path's instructions per tile: 297 -> 138); the reshape then
     moves the tile to the layout its math takes, which costs more than it saves for some codecs
-    and targets (`_launch.whole_run`)."""
+    and targets (`slots.kernel_paths`)."""
     N: tl.constexpr = ROWS * G
     return tl.reshape(tl.load(ptr + (off + tile.to(tl.int64) * N) + tl.arange(0, N)), [ROWS, G])
 

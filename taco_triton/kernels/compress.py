@@ -19,7 +19,7 @@ from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
 from ._common import STOCHASTIC, codec_constexprs, encoder_constexprs, hadamard_rows, load_tables, row_absmax
 from . import slots
-from ._launch import FusedOp, Launch, Prepared, Target, in_order, launch_meta, op16, row_gather, slot_paths
+from ._launch import FusedOp, Launch, Prepared, Target, in_order, launch_meta, op16, row_gather
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, load_dense, quantize_store, taco_prescale, tile_rows
 from ._slot_io import (
@@ -229,7 +229,7 @@ def compress_slots_launch(x, out, desc, n_slots: int, n_tiles: int, config: Comp
     take it take (`slots.two_paths`, 0 for none), `seq_ptr` a device counter the stochastic seed is
     salted with on the device (`slots.seed_counter`; None: not used)."""
     meta = _meta(x.dtype, config, target, params, out.data_ptr(), ELEM_ALIGN=elem_align,
-                 TWO_PATHS=slot_paths(int(two_paths), target, config.spec.bits) if elem_align == 1 else 0,
+                 TWO_PATHS=slots.kernel_paths(int(two_paths), target, config.spec.bits) if elem_align == 1 else 0,
                  MAX_SLOTS=triton.next_power_of_2(max(n_slots, 1)))
     h, h16 = _tables(x.dtype, config, meta, device)
     return Launch(_compress_slots_kernel, n_tiles,

@@ -19,7 +19,7 @@ from ..config import SUPERBLOCK_ELEMS, CompressionConfig
 from ..layout import WireLayout
 from ._common import E4M3, INT8, codec_constexprs, decode_target_codes, hadamard_rows, load_codes, load_tables
 from . import slots
-from ._launch import FusedOp, Launch, Prepared, Target, in_order, launch_meta, op16, slot_paths
+from ._launch import FusedOp, Launch, Prepared, Target, in_order, launch_meta, op16
 from ._tables import SB_PER_TILE, hadamard_tables
 from ._tile import TILE_ELEMS, aligned_split, check_inf_above, load_scales, pin_rows, store_dense, tile_rows
 from ._slot_io import (
@@ -202,7 +202,7 @@ def decompress_slots_launch(data, out, desc, errors, n_slots: int, n_tiles: int,
     record: 0 here; `Prepared` passes them per call. `elem_align`, `two_paths`: as in
     `compress.compress_slots_launch`, for the pieces of `out`."""
     meta = _meta(out.dtype, config, target, params, data.data_ptr(), inf_above, ELEM_ALIGN=elem_align,
-                 TWO_PATHS=slot_paths(int(two_paths), target, config.spec.bits) if elem_align == 1 else 0,
+                 TWO_PATHS=slots.kernel_paths(int(two_paths), target, config.spec.bits) if elem_align == 1 else 0,
                  MAX_SLOTS=triton.next_power_of_2(max(n_slots, 1)))
     h, h16 = _tables(config, meta, device)
     return Launch(_decompress_slots_kernel, n_tiles,
