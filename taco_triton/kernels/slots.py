@@ -168,9 +168,9 @@ def two_paths(pieces) -> int:
     return VECTOR_PATH if all(a % VECTOR_ELEMS == 0 for a, _ in pieces) else WHOLE_PATH
 
 
-def kernel_paths(two_paths: int, target, bits: int) -> int:
-    """The slotted kernels' TWO_PATHS for a launch whose pieces ask for `two_paths`
-    (`two_paths`; `target` a `_launch.Target`): WHOLE_PATH's whole tiles addressed as one run each
+def kernel_paths(paths: int, target, bits: int) -> int:
+    """The slotted kernels' TWO_PATHS for a launch whose pieces ask for `paths` (`two_paths`;
+    `target` a `_launch.Target`): WHOLE_PATH's whole tiles addressed as one run each
     (WHOLE_RUN_PATH, `_tile.load_whole_tile`) for codes narrower than a byte on NVIDIA, by
     2-D offsets (`_tile.whole_tile_ptrs`) otherwise. Chosen with bench/aot.py (the odd reduce_scatter
     compress and all_gather decompress at P = 8, 16 and 64 MiB): the run folds each thread's
@@ -180,9 +180,9 @@ def kernel_paths(two_paths: int, target, bits: int) -> int:
     compress (sm_80 INT8 0.572 -> 0.704), about the same in the decompress; gfx942: 4-5% fewer in
     the sub-byte compress, 7-13% more in every decompress. The interpreter follows the rule, so the
     tests run both (by codec); the descriptors count the same tiles either way."""
-    if two_paths != WHOLE_PATH or bits >= 8:
-        return two_paths
-    return WHOLE_RUN_PATH if not target.compiled or target.backend == "cuda" else two_paths
+    if paths != WHOLE_PATH or bits >= 8:
+        return paths
+    return WHOLE_RUN_PATH if not target.compiled or target.backend == "cuda" else paths
 
 
 def alignment(pieces) -> dict:
@@ -195,8 +195,8 @@ def fast_tiles(a: int, b: int, paths: int = VECTOR_PATH) -> int:
     compiled with `paths` (`two_paths`; the rest element by element, with masks). VECTOR_PATH, 16-element
     vector loads and stores: every tile when the piece starts at and holds a multiple of 16 elements; its whole
     tiles when it starts at one and holds a size that is not (only the last, partial tile's mask
-    is not uniform over 16-element runs); none when it starts elsewhere. WHOLE_PATH, no masks: the
-    piece's whole tiles, wherever it starts. Both paths compute the same values, so the bytes do
+    is not uniform over 16-element runs); none when it starts elsewhere. WHOLE_PATH (and its
+    variant WHOLE_RUN_PATH), no masks: the piece's whole tiles, wherever it starts. Both paths compute the same values, so the bytes do
     not depend on it."""
     n = b - a
     if paths in (WHOLE_PATH, WHOLE_RUN_PATH):
